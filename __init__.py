@@ -1,0 +1,33 @@
+"""dispatchtune: ML-guided tuning of IREE compiler dispatches.
+
+Data flows one way: `tuner` (IREE side) -> `search` (Z3 enumeration, ordering) -> `costmodel`
+(ranking) -> `features` (feature tables); `datasets` is the shared record format, and
+`problem`/`targets` the shared vocabulary.
+"""
+
+from dispatchtune.errors import DispatchTuneError, InputError, TargetError
+from dispatchtune.problem import Problem
+from dispatchtune.targets import Target, get_target, list_targets
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DispatchTuneError",
+    "InputError",
+    "Problem",
+    "Target",
+    "TargetError",
+    "__version__",
+    "get_target",
+    "list_targets",
+    "load_problems",
+]
+
+
+def __getattr__(name: str) -> object:
+    # Lazy: loading problems imports IREE's compiler bindings, which `import dispatchtune` should not.
+    if name == "load_problems":
+        from dispatchtune.tuner.frontend import load_problems
+
+        return load_problems
+    raise AttributeError(f"module 'dispatchtune' has no attribute {name!r}")

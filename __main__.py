@@ -1,0 +1,5 @@
+import sys
+
+from dispatchtune.cli import main
+
+sys.exit(main())

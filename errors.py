@@ -1,0 +1,18 @@
+"""The one exception type users see: the CLI prints its message as one line and exits non-zero."""
+
+from __future__ import annotations
+
+
+class DispatchTuneError(Exception):
+    """A user-facing error (bad input, unknown target, corrupt log, ...).
+
+    The message must be one line that says what is wrong and, where possible, what to do.
+    """
+
+
+class InputError(DispatchTuneError):
+    """The input file is missing, malformed, or has nothing dispatchtune can tune."""
+
+
+class TargetError(DispatchTuneError):
+    """An unknown target name or a target this operation does not support."""

@@ -1,0 +1,439 @@
+"""`Problem`: one tunable root op of a dispatch (contraction, convolution or attention).
+
+A problem is described the way IREE's tuner bindings see it: the static trip count of every loop of
+the op, which loops belong to which dimension class (M/N/K/batch; conv image/filter/channels;
+attention B/M/N/K1/K2), the operand element types and the indexing maps. It can be parsed from real
+IREE input (`dispatchtune.tuner.frontend.load_problems`) or built in Python and rendered back to a
+compilable MLIR function (`Problem.to_mlir`), so datasets of shapes can be generated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+OpKind = Literal["contraction", "convolution", "attention"]
+
+#: Dimension classes per op kind, in a fixed order (the order is part of the public vocabulary).
+DIM_CLASSES: dict[str, tuple[str, ...]] = {
+    "contraction": ("batch", "m", "n", "k"),
+    "convolution": (
+        "batch",
+        "output_image",
+        "output_channel",
+        "filter_loop",
+        "input_channel",
+        "depth",
+    ),
+    "attention": ("batch", "m", "n", "k1", "k2"),
+}
+
+_TYPE_BYTES = {
+    "f64": 8.0, "f32": 4.0, "f16": 2.0, "bf16": 2.0, "i64": 8.0, "i32": 4.0, "i16": 2.0,
+    "i8": 1.0, "f8E4M3FNUZ": 1.0, "f8E5M2FNUZ": 1.0, "f8E4M3FN": 1.0, "f8E5M2": 1.0,
+}
+
+
+def element_bytes(element_type: str) -> float:
+    """Size of one element of an MLIR scalar type, in bytes (i4 -> 0.5)."""
+    if element_type in _TYPE_BYTES:
+        return _TYPE_BYTES[element_type]
+    match = re.fullmatch(r"[iuf](\d+)", element_type)
+    if match:
+        return int(match.group(1)) / 8
+    raise ValueError(f"unsupported element type {element_type!r}")
+
+
+def _is_float(element_type: str) -> bool:
+    return element_type.startswith(("f", "bf"))
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A tunable root op with static shapes.
+
+    Attributes:
+        kind: "contraction" (matmul, batch matmul, transposed operands, generic contractions),
+            "convolution" or "attention".
+        loop_sizes: static trip count of each loop of the op's iteration space (d0, d1, ...).
+        dims: dimension class -> loop indices, classes as in `DIM_CLASSES[kind]`.
+        element_types: element type of each operand, inputs first, output last (attention: Q, K,
+            V, output; the scale is not an operand here).
+        operand_shapes: static shape of each operand, in the same order.
+        indexing_maps: each operand's affine map as MLIR text, e.g. "(d0, d1, d2) -> (d0, d2)".
+        strides, dilations: convolution only, one per output image dim.
+        op_name: the MLIR op name as found (informational).
+        name: where it came from (function or dispatch name), informational.
+    """
+
+    kind: OpKind
+    loop_sizes: tuple[int, ...]
+    dims: Mapping[str, tuple[int, ...]]
+    element_types: tuple[str, ...]
+    operand_shapes: tuple[tuple[int, ...], ...]
+    indexing_maps: tuple[str, ...]
+    strides: tuple[int, ...] = ()
+    dilations: tuple[int, ...] = ()
+    op_name: str = "linalg.generic"
+    name: str = field(default="", compare=False)
+
+    # ---- derived sizes -------------------------------------------------------------------------
+    def loops(self, dim_class: str) -> tuple[int, ...]:
+        """Loop indices of one dimension class (empty if the op has none)."""
+        return tuple(self.dims.get(dim_class, ()))
+
+    def sizes(self, dim_class: str) -> tuple[int, ...]:
+        """Static sizes of the loops of one dimension class, in loop order."""
+        return tuple(self.loop_sizes[i] for i in self.loops(dim_class))
+
+    def size(self, dim_class: str) -> int:
+        """Product of the sizes of a dimension class (1 when the class is empty)."""
+        return math.prod(self.sizes(dim_class))
+
+    @property
+    def gemm_shape(self) -> tuple[int, int, int, int]:
+        """(B, M, N, K) of the op seen as a (batched) GEMM.
+
+        Convolutions use the implicit-GEMM view: M = batch x output image, N = output channels,
+        K = filter loops x input channels, B = depth (groups). Attention reports its first
+        product, Q x K^T: M = m, N = k2, K = k1.
+        """
+        if self.kind == "contraction":
+            return (self.size("batch"), self.size("m"), self.size("n"), self.size("k"))
+        if self.kind == "convolution":
+            return (
+                self.size("depth"),
+                self.size("batch") * self.size("output_image"),
+                self.size("output_channel"),
+                self.size("filter_loop") * self.size("input_channel"),
+            )
+        return (self.size("batch"), self.size("m"), self.size("k2"), self.size("k1"))
+
+    @property
+    def flops(self) -> int:
+        """Multiply-add work of the op counted as 2 FLOPs per MAC."""
+        if self.kind == "attention":
+            b, m, n, k1, k2 = (self.size(c) for c in DIM_CLASSES["attention"])
+            return 2 * b * m * k2 * (k1 + n)
+        b, m, n, k = self.gemm_shape
+        return 2 * b * m * n * k
+
+    @property
+    def input_types(self) -> tuple[str, ...]:
+        return self.element_types[:-1]
+
+    @property
+    def output_type(self) -> str:
+        return self.element_types[-1]
+
+    @property
+    def bytes_moved(self) -> int:
+        """Compulsory traffic: every operand read or written once, in bytes."""
+        return int(
+            sum(
+                math.prod(shape) * element_bytes(t)
+                for shape, t in zip(self.operand_shapes, self.element_types, strict=True)
+            )
+        )
+
+    @property
+    def key(self) -> str:
+        """Stable, readable identifier used as the problem id in logs and datasets."""
+        digest = hashlib.sha1(
+            "|".join([*self.indexing_maps, repr(self.strides), repr(self.dilations)]).encode()
+        ).hexdigest()[:8]
+        shape = "x".join(str(s) for s in self.loop_sizes)
+        return f"{self.kind}_{shape}_{'_'.join(self.element_types)}_{digest}"
+
+    def describe(self) -> str:
+        """One human-readable line: kind, class sizes, types."""
+        parts = []
+        for dim_class in DIM_CLASSES[self.kind]:
+            sizes = self.sizes(dim_class)
+            if sizes:
+                parts.append(f"{dim_class}={'x'.join(map(str, sizes))}")
+        if self.kind == "convolution":
+            parts.append(f"strides={list(self.strides)} dilations={list(self.dilations)}")
+        types = "x".join(self.input_types) + "->" + self.output_type
+        return f"{self.kind} {' '.join(parts)} {types}"
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form (the record format of logs and datasets)."""
+        return {
+            "kind": self.kind,
+            "loop_sizes": list(self.loop_sizes),
+            "dims": {k: list(v) for k, v in self.dims.items()},
+            "element_types": list(self.element_types),
+            "operand_shapes": [list(s) for s in self.operand_shapes],
+            "indexing_maps": list(self.indexing_maps),
+            "strides": list(self.strides),
+            "dilations": list(self.dilations),
+            "op_name": self.op_name,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Problem:
+        """Inverse of `to_dict`; raises KeyError/TypeError/ValueError on malformed records."""
+
+        def ints(value: object) -> tuple[int, ...]:
+            if not isinstance(value, Sequence):
+                raise TypeError(f"expected a list, got {value!r}")
+            return tuple(int(v) for v in value)
+
+        dims_raw = data["dims"]
+        if not isinstance(dims_raw, Mapping):
+            raise TypeError("dims must be a mapping")
+        kind = str(data["kind"])
+        if kind not in DIM_CLASSES:
+            raise ValueError(f"unknown problem kind {kind!r}")
+        shapes = data["operand_shapes"]
+        types = data["element_types"]
+        maps = data["indexing_maps"]
+        if not (isinstance(shapes, list) and isinstance(types, list) and isinstance(maps, list)):
+            raise TypeError("operand_shapes, element_types and indexing_maps must be lists")
+        return cls(
+            kind=kind,  # type: ignore[arg-type]
+            loop_sizes=ints(data["loop_sizes"]),
+            dims={str(k): ints(v) for k, v in dims_raw.items()},
+            element_types=tuple(str(t) for t in types),
+            operand_shapes=tuple(ints(s) for s in shapes),
+            indexing_maps=tuple(str(m) for m in maps),
+            strides=ints(data.get("strides", [])),
+            dilations=ints(data.get("dilations", [])),
+            op_name=str(data.get("op_name", "linalg.generic")),
+            name=str(data.get("name", "")),
+        )
+
+    # ---- constructors --------------------------------------------------------------------------
+    @classmethod
+    def matmul(
+        cls,
+        m: int,
+        n: int,
+        k: int,
+        lhs_type: str = "f32",
+        rhs_type: str | None = None,
+        out_type: str | None = None,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+    ) -> Problem:
+        """C[m, n] += A[m, k] * B[k, n]; `transpose_a` stores A as [k, m], `transpose_b` B as [n, k]."""
+        return cls.batch_matmul(
+            0, m, n, k, lhs_type, rhs_type, out_type,
+            transpose_a=transpose_a, transpose_b=transpose_b,
+        )
+
+    @classmethod
+    def batch_matmul(
+        cls,
+        batch: int,
+        m: int,
+        n: int,
+        k: int,
+        lhs_type: str = "f32",
+        rhs_type: str | None = None,
+        out_type: str | None = None,
+        *,
+        transpose_a: bool = False,
+        transpose_b: bool = False,
+    ) -> Problem:
+        """Batched C[b, m, n] += A[b, m, k] * B[b, k, n]; `batch=0` means an unbatched matmul."""
+        rhs_type = rhs_type or lhs_type
+        out_type = out_type or _default_accumulator(lhs_type)
+        for size in (m, n, k):
+            _check_size(size)
+        if batch:
+            _check_size(batch)
+        b = ["d0"] if batch else []
+        off = 1 if batch else 0
+        dm, dn, dk = (f"d{off}", f"d{off + 1}", f"d{off + 2}")
+        loop_names = [*b, dm, dn, dk]
+        lhs = [*b, dk, dm] if transpose_a else [*b, dm, dk]
+        rhs = [*b, dn, dk] if transpose_b else [*b, dk, dn]
+        out = [*b, dm, dn]
+        size_of = dict(zip(loop_names, [batch, m, n, k][0 if batch else 1 :], strict=True))
+        maps = tuple(_map_text(loop_names, exprs) for exprs in (lhs, rhs, out))
+        shapes = tuple(tuple(size_of[d] for d in exprs) for exprs in (lhs, rhs, out))
+        return cls(
+            kind="contraction",
+            loop_sizes=tuple(size_of[d] for d in loop_names),
+            dims={"batch": (0,) if batch else (), "m": (off,), "n": (off + 1,), "k": (off + 2,)},
+            element_types=(lhs_type, rhs_type, out_type),
+            operand_shapes=shapes,
+            indexing_maps=maps,
+            op_name="linalg.batch_matmul" if batch else "linalg.matmul",
+        )
+
+    @classmethod
+    def conv2d_nhwc_hwcf(
+        cls,
+        batch: int,
+        out_h: int,
+        out_w: int,
+        in_channels: int,
+        out_channels: int,
+        kernel_h: int,
+        kernel_w: int,
+        input_type: str = "f32",
+        filter_type: str | None = None,
+        out_type: str | None = None,
+        *,
+        stride: int = 1,
+        dilation: int = 1,
+    ) -> Problem:
+        """2-D convolution, NHWC input, HWCF filter, no padding (the input is sized to fit)."""
+        filter_type = filter_type or input_type
+        out_type = out_type or _default_accumulator(input_type)
+        for size in (batch, out_h, out_w, in_channels, out_channels, kernel_h, kernel_w):
+            _check_size(size)
+        names = [f"d{i}" for i in range(7)]  # n, oh, ow, oc, kh, kw, ic
+        in_h = (out_h - 1) * stride + (kernel_h - 1) * dilation + 1
+        in_w = (out_w - 1) * stride + (kernel_w - 1) * dilation + 1
+        lhs = ["d0", _conv_expr("d1", "d4", stride, dilation), _conv_expr("d2", "d5", stride, dilation), "d6"]
+        rhs = ["d4", "d5", "d6", "d3"]
+        out = ["d0", "d1", "d2", "d3"]
+        return cls(
+            kind="convolution",
+            loop_sizes=(batch, out_h, out_w, out_channels, kernel_h, kernel_w, in_channels),
+            dims={
+                "batch": (0,), "output_image": (1, 2), "output_channel": (3,),
+                "filter_loop": (4, 5), "input_channel": (6,), "depth": (),
+            },
+            element_types=(input_type, filter_type, out_type),
+            operand_shapes=(
+                (batch, in_h, in_w, in_channels),
+                (kernel_h, kernel_w, in_channels, out_channels),
+                (batch, out_h, out_w, out_channels),
+            ),
+            indexing_maps=tuple(_map_text(names, e) for e in (lhs, rhs, out)),
+            strides=(stride, stride),
+            dilations=(dilation, dilation),
+            op_name="linalg.conv_2d_nhwc_hwcf",
+        )
+
+    @classmethod
+    def attention(
+        cls, batch: int, m: int, n: int, k1: int, k2: int, element_type: str = "f16"
+    ) -> Problem:
+        """softmax(Q K^T * scale) V with Q [b, m, k1], K [b, k2, k1], V [b, k2, n], O [b, m, n]."""
+        for size in (batch, m, n, k1, k2):
+            _check_size(size)
+        names = ["d0", "d1", "d2", "d3", "d4"]  # b, m, n, k1, k2
+        exprs = (["d0", "d1", "d3"], ["d0", "d4", "d3"], ["d0", "d4", "d2"], ["d0", "d1", "d2"])
+        return cls(
+            kind="attention",
+            loop_sizes=(batch, m, n, k1, k2),
+            dims={"batch": (0,), "m": (1,), "n": (2,), "k1": (3,), "k2": (4,)},
+            element_types=(element_type,) * 4,
+            operand_shapes=((batch, m, k1), (batch, k2, k1), (batch, k2, n), (batch, m, n)),
+            indexing_maps=tuple(_map_text(names, e) for e in exprs),
+            op_name="iree_linalg_ext.attention",
+        )
+
+    # ---- rendering -----------------------------------------------------------------------------
+    def to_mlir(self, func_name: str = "main") -> str:
+        """A compilable MLIR function computing this op on its inputs (zero-initialised output)."""
+        tensor = [_tensor_type(s, t) for s, t in zip(self.operand_shapes, self.element_types, strict=True)]
+        args = ", ".join(f"%arg{i}: {tensor[i]}" for i in range(len(tensor) - 1))
+        out_t = tensor[-1]
+        maps = ", ".join(f"affine_map<{m}>" for m in self.indexing_maps)
+        lines = [f"func.func @{func_name}({args}) -> {out_t} {{"]
+        out_elem = self.output_type
+        if self.kind == "attention":
+            scale = 1.0 / math.sqrt(self.size("k1"))
+            q, k, v, o = self.indexing_maps
+            loop_dims = o.split("->")[0].strip()
+            lines += [
+                f"  %scale = arith.constant {scale:.6e} : {out_elem}",
+                f"  %empty = tensor.empty() : {out_t}",
+                "  %out = iree_linalg_ext.attention <{indexing_maps = ["
+                f"affine_map<{q}>, affine_map<{k}>, affine_map<{v}>, "
+                f"affine_map<{loop_dims} -> ()>, affine_map<{o}>]}}>",
+                f"      ins(%arg0, %arg1, %arg2, %scale : {tensor[0]}, {tensor[1]}, {tensor[2]}, "
+                f"{out_elem}) outs(%empty : {out_t}) {{",
+                "    ^bb0(%score: f32):",
+                "      iree_linalg_ext.yield %score : f32",
+                f"  }} -> {out_t}",
+            ]
+        else:
+            zero = "0.0" if _is_float(out_elem) else "0"
+            n_loops = len(self.loop_sizes)
+            iterators = ", ".join(
+                '"reduction"' if i in self._reduction_loops() else '"parallel"' for i in range(n_loops)
+            )
+            ins = ", ".join(f"%arg{i}" for i in range(len(tensor) - 1))
+            in_types = ", ".join(tensor[:-1])
+            lines += [
+                f"  %zero = arith.constant {zero} : {out_elem}",
+                f"  %empty = tensor.empty() : {out_t}",
+                f"  %acc = linalg.fill ins(%zero : {out_elem}) outs(%empty : {out_t}) -> {out_t}",
+                f"  %out = linalg.generic {{indexing_maps = [{maps}], iterator_types = [{iterators}]}}",
+                f"      ins({ins} : {in_types}) outs(%acc : {out_t}) {{",
+                f"  ^bb0(%a: {self.element_types[0]}, %b: {self.element_types[1]}, %c: {out_elem}):",
+                *_mul_add_body(self.element_types[0], self.element_types[1], out_elem),
+                f"  }} -> {out_t}",
+            ]
+        lines += [f"  return %out : {out_t}", "}", ""]
+        return "\n".join(lines)
+
+    def _reduction_loops(self) -> set[int]:
+        reduction_classes = {
+            "contraction": ("k",),
+            "convolution": ("filter_loop", "input_channel"),
+            "attention": ("k1", "k2"),
+        }[self.kind]
+        return {i for c in reduction_classes for i in self.loops(c)}
+
+
+def _default_accumulator(input_type: str) -> str:
+    if _is_float(input_type):
+        return "f32"
+    return "i32"
+
+
+def _check_size(size: int) -> None:
+    if not isinstance(size, int) or size <= 0:
+        raise ValueError(f"dimension sizes must be positive integers, got {size!r}")
+
+
+def _conv_expr(out_dim: str, filter_dim: str, stride: int, dilation: int) -> str:
+    lhs = out_dim if stride == 1 else f"{out_dim} * {stride}"
+    rhs = filter_dim if dilation == 1 else f"{filter_dim} * {dilation}"
+    return f"{lhs} + {rhs}"
+
+
+def _map_text(loop_names: Sequence[str], exprs: Sequence[str]) -> str:
+    return f"({', '.join(loop_names)}) -> ({', '.join(exprs)})"
+
+
+def _tensor_type(shape: Sequence[int], element_type: str) -> str:
+    return f"tensor<{'x'.join(str(s) for s in shape)}x{element_type}>"
+
+
+def _mul_add_body(lhs: str, rhs: str, out: str) -> list[str]:
+    """Body of a generic contraction: extend both inputs to the accumulator type, multiply-add."""
+    lines = []
+    names = []
+    for name, t in (("a", lhs), ("b", rhs)):
+        if t == out:
+            names.append(f"%{name}")
+            continue
+        if _is_float(out):
+            op = "arith.extf" if element_bytes(t) < element_bytes(out) else "arith.truncf"
+        else:
+            op = "arith.extsi" if element_bytes(t) < element_bytes(out) else "arith.trunci"
+        lines.append(f"    %{name}x = {op} %{name} : {t} to {out}")
+        names.append(f"%{name}x")
+    mul, add = ("arith.mulf", "arith.addf") if _is_float(out) else ("arith.muli", "arith.addi")
+    lines += [
+        f"    %p = {mul} {names[0]}, {names[1]} : {out}",
+        f"    %s = {add} %c, %p : {out}",
+        f"    linalg.yield %s : {out}",
+    ]
+    return lines

@@ -1,0 +1,1 @@
+"""dispatchtune.search"""

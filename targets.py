@@ -1,0 +1,257 @@
+"""Target registry: what each compile target is, its flags, its runtime device and its hardware facts.
+
+GPU facts (subgroup sizes, workgroup memory, compute units, MMA intrinsics) come from IREE's own
+`iree_gpu.TargetInfo` for the target, read from a probe compile; CPU facts come from the executable
+target IREE builds for this machine (`native_vector_size`, CPU features) and the OS (cores, caches).
+Facts are probed once per process and cached.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from dispatchtune.errors import TargetError
+from dispatchtune.toolchain import compile_to_text
+
+Backend = Literal["llvm-cpu", "rocm", "cuda"]
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """Hardware facts of an llvm-cpu target."""
+
+    cpu: str
+    native_vector_bytes: int
+    vector_registers: int
+    cores: int
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+    features: tuple[str, ...] = field(repr=False, default=())
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """Hardware facts of a GPU target, from `iree_gpu.TargetInfo` (plus a documented fallback)."""
+
+    arch: str
+    subgroup_sizes: tuple[int, ...]
+    max_threads_per_workgroup: int
+    max_workgroup_sizes: tuple[int, ...]
+    max_workgroup_memory_bytes: int
+    compute_units: int
+    simds_per_cu: int
+    mma_intrinsics: tuple[str, ...] = field(repr=False, default=())
+    registers_per_simd: int = 512  # 32-bit registers per lane available to one wave/warp
+
+
+@dataclass(frozen=True)
+class Target:
+    """A compile target and the device its binaries run on.
+
+    `compute_units_fallback` is used when IREE's TargetInfo reports no CU count for an
+    architecture name (it only knows it for product names such as mi300x).
+    """
+
+    name: str
+    backend: Backend
+    arch: str
+    description: str
+    compile_flags: tuple[str, ...]
+    device_uri: str
+    aliases: tuple[str, ...] = ()
+    compute_units_fallback: int = 0
+    simds_fallback: int = 0
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.backend != "llvm-cpu"
+
+    @property
+    def tuning_spec_flag(self) -> str:
+        """The flag that makes iree-compile apply a tuning spec for this target.
+
+        CUDA silently ignores `--iree-codegen-tuning-spec-path` in IREE 3.13; the transform-dialect
+        library flag (same spec file, entry `__kernel_config`) works on every backend there.
+        """
+        if self.backend == "cuda":
+            return "--iree-codegen-transform-dialect-library"
+        return "--iree-codegen-tuning-spec-path"
+
+    def cpu_facts(self) -> CpuFacts:
+        if self.is_gpu:
+            raise TargetError(f"target {self.name} is a GPU target; it has no CPU facts")
+        return _probe_cpu(self)
+
+    def gpu_facts(self) -> GpuFacts:
+        if not self.is_gpu:
+            raise TargetError(f"target {self.name} is a CPU target; it has no GPU facts")
+        return _probe_gpu(self)
+
+
+_CPU_FLAGS = (
+    "--iree-hal-target-device=local",
+    "--iree-hal-local-target-device-backends=llvm-cpu",
+    "--iree-llvmcpu-target-cpu=host",
+)
+
+_TARGETS: tuple[Target, ...] = (
+    Target(
+        name="host",
+        backend="llvm-cpu",
+        arch="host",
+        description="llvm-cpu on this machine (native vector width, all cores)",
+        compile_flags=_CPU_FLAGS,
+        device_uri="local-sync",
+        aliases=("cpu", "llvm-cpu"),
+    ),
+    Target(
+        name="gfx942",
+        backend="rocm",
+        arch="gfx942",
+        description="AMD CDNA3 (MI300 family), wave64, 64 KiB LDS, MFMA",
+        compile_flags=("--iree-hal-target-device=hip", "--iree-rocm-target=gfx942"),
+        device_uri="hip://0",
+        compute_units_fallback=304,
+    ),
+    Target(
+        name="mi300x",
+        backend="rocm",
+        arch="gfx942",
+        description="AMD Instinct MI300X (gfx942, 304 CUs)",
+        compile_flags=("--iree-hal-target-device=hip", "--iree-rocm-target=mi300x"),
+        device_uri="hip://0",
+    ),
+    Target(
+        name="gfx1100",
+        backend="rocm",
+        arch="gfx1100",
+        description="AMD RDNA3 (RX 7900 XTX), wave32/64, WMMA",
+        compile_flags=("--iree-hal-target-device=hip", "--iree-rocm-target=gfx1100"),
+        device_uri="hip://0",
+        compute_units_fallback=96,
+    ),
+    Target(
+        name="sm_80",
+        backend="cuda",
+        arch="sm_80",
+        description="NVIDIA Ampere (A100) PTX, warp 32, mma.sync; also runs on Hopper via PTX JIT",
+        compile_flags=("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80"),
+        device_uri="cuda://0",
+        aliases=("a100",),
+        compute_units_fallback=108,
+        simds_fallback=4,
+    ),
+)
+
+
+def list_targets() -> tuple[Target, ...]:
+    """Every registered target, in display order."""
+    return _TARGETS
+
+
+def get_target(name: str) -> Target:
+    """Look a target up by name or alias; unknown names raise a one-line `TargetError`."""
+    wanted = name.strip().lower()
+    for target in _TARGETS:
+        if wanted == target.name or wanted in target.aliases:
+            return target
+    known = ", ".join(t.name for t in _TARGETS)
+    raise TargetError(f"unknown target {name!r}; known targets: {known}")
+
+
+# ---- probing ----------------------------------------------------------------------------------
+_PROBE_MLIR = """
+func.func @probe(%a: tensor<64x64xf16>, %b: tensor<64x64xf16>) -> tensor<64x64xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<64x64xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<64x64xf32>) -> tensor<64x64xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x64xf16>, tensor<64x64xf16>)
+                     outs(%f : tensor<64x64xf32>) -> tensor<64x64xf32>
+  return %r : tensor<64x64xf32>
+}
+"""
+
+
+@functools.cache
+def _executable_target_text(target: Target) -> str:
+    """The `#hal.executable.target<...>` attribute IREE builds for a target, as text."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    text = compile_to_text(
+        ["-", *target.compile_flags, "--compile-to=executable-configurations"],
+        input_text=_PROBE_MLIR,
+        what=f"the {target.name} target probe",
+    )
+    with ir.Context():
+        module = ir.Module.parse(text)
+        variants = iree_codegen.get_executable_variant_ops(module)
+        return str(variants[0].attributes["target"])
+
+
+@functools.cache
+def _probe_gpu(target: Target) -> GpuFacts:
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_gpu
+
+    with ir.Context():
+        info = iree_gpu.TargetInfo.get_gpu_target_info(
+            ir.Attribute.parse(_executable_target_text(target))
+        )
+        return GpuFacts(
+            arch=str(info.arch),
+            subgroup_sizes=tuple(int(s) for s in info.subgroup_size_choices),
+            max_threads_per_workgroup=int(info.max_thread_count_per_workgroup),
+            max_workgroup_sizes=tuple(int(s) for s in info.max_workgroup_sizes),
+            max_workgroup_memory_bytes=int(info.max_workgroup_memory_bytes),
+            compute_units=int(info.workgroup_count) or target.compute_units_fallback,
+            simds_per_cu=int(info.simds_per_workgroup) or target.simds_fallback,
+            mma_intrinsics=tuple(str(i) for i in info.mma_intrinsics),
+        )
+
+
+def _cache_bytes(level: int, kind: str) -> int:
+    """Per-core cache size from sysfs (0 when unknown)."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    for index in sorted(base.glob("index*")):
+        try:
+            if int((index / "level").read_text()) != level:
+                continue
+            if (index / "type").read_text().strip() not in kind:
+                continue
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        factor = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
+        return int(size.rstrip("KMG")) * factor
+    return 0
+
+
+@functools.cache
+def _probe_cpu(target: Target) -> CpuFacts:
+    text = _executable_target_text(target)
+    cpu = re.search(r'cpu = "([^"]*)"', text)
+    features_match = re.search(r'cpu_features = "([^"]*)"', text)
+    width = re.search(r"native_vector_size = (\d+)", text)
+    features = tuple(
+        f[1:] for f in (features_match.group(1).split(",") if features_match else []) if f.startswith("+")
+    )
+    # x86 has 32 vector registers with AVX-512 and 16 without; AArch64 has 32.
+    registers = 32 if ("avx512f" in features or "neon" in features or "sve" in features) else 16
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return CpuFacts(
+        cpu=cpu.group(1) if cpu else "generic",
+        native_vector_bytes=int(width.group(1)) if width else 16,
+        vector_registers=registers,
+        cores=cores,
+        l1d_bytes=_cache_bytes(1, "Data Unified") or 32 * 1024,
+        l2_bytes=_cache_bytes(2, "Unified Data") or 1024 * 1024,
+        l3_bytes=_cache_bytes(3, "Unified Data") or 8 * 1024 * 1024,
+        features=features,
+    )

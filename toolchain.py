@@ -1,0 +1,81 @@
+"""Locating and running the IREE command-line tools shipped in the pinned pip wheels."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from dispatchtune.errors import DispatchTuneError
+
+IREE_VERSION = "3.13.0"
+
+
+@functools.cache
+def tool_path(name: str) -> str:
+    """Absolute path of an IREE tool (`iree-compile`, `iree-benchmark-module`, ...).
+
+    The tools next to the running interpreter win over PATH, so a virtual environment's pinned
+    IREE is used even when another IREE is installed system-wide.
+    """
+    beside = Path(sys.executable).parent / name
+    if beside.exists() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise DispatchTuneError(
+        f"{name} not found: install iree-base-compiler/iree-base-runtime=={IREE_VERSION}"
+    )
+
+
+@functools.cache
+def iree_compiler_version() -> str:
+    """The IREE compiler version string reported by the installed wheel."""
+    try:
+        from iree.compiler.version import VERSION  # type: ignore[import-not-found]
+
+        return str(VERSION)
+    except ImportError:  # pragma: no cover - the wheel is a hard dependency
+        return "unknown"
+
+
+def first_error_line(stderr: str) -> str:
+    """The most informative line of an IREE tool's stderr (the first `error:` line)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if "error:" in line:
+            return line
+    return lines[0] if lines else "no message"
+
+
+def run_tool(
+    name: str,
+    args: list[str],
+    *,
+    input_text: str | None = None,
+    timeout: float | None = 120.0,
+) -> subprocess.CompletedProcess[str]:
+    """Run an IREE tool and return the completed process (the caller checks the return code)."""
+    try:
+        return subprocess.run(
+            [tool_path(name), *args],
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise DispatchTuneError(f"{name} timed out after {timeout:.0f} s") from exc
+
+
+def compile_to_text(args: list[str], *, input_text: str | None = None, what: str = "input") -> str:
+    """Run `iree-compile ... -o -` and return stdout; raise a one-line error on failure."""
+    proc = run_tool("iree-compile", [*args, "-o", "-"], input_text=input_text)
+    if proc.returncode != 0:
+        raise DispatchTuneError(f"iree-compile failed on {what}: {first_error_line(proc.stderr)}")
+    return proc.stdout
