@@ -1,0 +1,241 @@
+"""Front end: find the tunable root ops in real IREE input and describe each as a `Problem`.
+
+Two inputs are accepted:
+  (a) a dispatch benchmark dumped by `iree-compile --iree-hal-dump-executable-benchmarks-to=DIR
+      --iree-codegen-add-tuner-attributes` (its root ops carry `root_op` markers), or a directory of them;
+  (b) a model or function in MLIR with linalg ops. It is compiled with the target's flags to
+      `executable-configurations` with tuner attributes, so the root ops found are exactly the ones IREE
+      forms dispatches around and a tuning spec will match.
+Everything is read with IREE's Python bindings (`get_tuner_root_ops`, `infer_contraction_dimensions`,
+`infer_convolution_dimensions`, `get_attention_op_detail`), never with regular expressions.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dispatchtune.errors import InputError
+from dispatchtune.problem import OpKind, Problem
+from dispatchtune.targets import Target, get_target
+from dispatchtune.toolchain import first_error_line, run_tool
+
+if TYPE_CHECKING:
+    from iree.compiler import ir
+
+_ATTENTION_OPS = ("iree_linalg_ext.attention", "iree_linalg_ext.online_attention")
+
+
+def load_problems(path: str | Path, target: Target | str = "host") -> list[Problem]:
+    """Every tunable root op (contraction, convolution, attention) in `path`, in file order.
+
+    `target` is used only to form dispatches from a model/function file (input b). Raises `InputError`
+    with a one-line message for a missing file, malformed MLIR, dynamic shapes, or no tunable op.
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    path = Path(path)
+    if isinstance(target, str):
+        target = get_target(target)
+    if path.is_dir():
+        files = sorted(path.glob("*_benchmark.mlir")) or sorted(path.glob("*.mlir"))
+        if not files:
+            raise InputError(f"no .mlir files in directory {path}")
+        return [p for f in files for p in load_problems(f, target)]
+    if not path.is_file():
+        raise InputError(f"no such file: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from exc
+
+    with ir.Context():
+        module = _parse(text, path)
+        has_executables = _has_executables(module)
+    matched_ir = _ir_seen_by_tuning_specs(path, None if has_executables else target)
+    problems: list[Problem] = []
+    unsupported: list[str] = []
+    with ir.Context():
+        for chunk in matched_ir:
+            chunk_module = _parse(chunk, path)  # must outlive the op handles taken from it
+            for op in _candidate_root_ops(chunk_module):
+                problem = _describe(op, path)
+                if problem is None:
+                    unsupported.append(op.name)
+                else:
+                    problems.append(problem)
+    if not problems:
+        if unsupported:
+            names = ", ".join(sorted(set(unsupported)))
+            raise InputError(
+                f"{path}: no tunable root op (found only unsupported ops: {names}); "
+                "dispatchtune tunes contractions, convolutions and attention"
+            )
+        raise InputError(f"{path}: no tunable root op found (no linalg contraction, conv or attention)")
+    return problems
+
+
+def _parse(text: str, path: Path) -> ir.Module:
+    from iree.compiler import ir
+
+    try:
+        return ir.Module.parse(text)
+    except ir.MLIRError as exc:
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:2]) or str(exc)
+        raise InputError(f"malformed MLIR in {path}: {detail}") from None
+
+
+_DUMP_HEADER = re.compile(r"^// -----// IR Dump Before [^\n]*//----- //$", re.MULTILINE)
+
+
+def _has_executables(module: Any) -> bool:
+    return any(op.name == "hal.executable" for op in module.body.operations)
+
+
+def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
+    """The dispatch functions exactly as IREE's tuning-spec matcher sees them.
+
+    Specs are applied by `iree-codegen-materialize-user-configs`, after codegen has already
+    rewritten the dispatch (e.g. unit batch dims of a convolution are dropped), so a spec built from
+    any earlier or later form silently fails to match. Existing configurations are stripped first
+    so the configuration pipeline runs. `target` is None for dumped benchmarks (they embed theirs).
+    """
+    stripped = run_tool("iree-opt", [str(path), "--iree-codegen-strip-compilation-info"])
+    if stripped.returncode != 0:
+        raise InputError(f"iree-opt rejected {path}: {first_error_line(stripped.stderr)}")
+    flags = [] if target is None else list(target.compile_flags)
+    proc = run_tool(
+        "iree-compile",
+        [
+            "-",
+            *flags,
+            "--compile-to=executable-configurations",
+            "--mlir-print-ir-before=iree-codegen-materialize-user-configs",
+            "-o",
+            os.devnull,
+        ],
+        input_text=stripped.stdout,
+    )
+    if proc.returncode != 0:
+        raise InputError(f"iree-compile rejected {path}: {first_error_line(proc.stderr)}")
+    return [chunk for chunk in _DUMP_HEADER.split(proc.stderr)[1:] if chunk.strip()]
+
+
+def _candidate_root_ops(module: Any) -> list[Any]:
+    """Ops a tuning spec can target: linalg contractions, convolutions and attention, in IR order.
+
+    Other linalg ops (elementwise generics, fills) are returned too when they are structured ops
+    with indexing maps, so the caller can report them as unsupported.
+    """
+    from iree.compiler import ir
+
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        operation = op.operation
+        name = operation.name
+        if name in _ATTENTION_OPS or (
+            name.startswith("linalg.") and name not in ("linalg.fill", "linalg.yield", "linalg.index")
+        ):
+            found.append(operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def _static_shape(value: Any, op_name: str, path: Path) -> tuple[tuple[int, ...], str]:
+    """(shape, element type) of a ranked tensor/memref value, or the element type of a scalar."""
+    from iree.compiler import ir
+
+    value_type = value.type
+    if not isinstance(value_type, ir.ShapedType):
+        return (), str(value_type)
+    shaped = ir.ShapedType(value_type)
+    if not shaped.has_static_shape:
+        raise InputError(
+            f"{path}: {op_name} has dynamic shape {value_type}; dispatchtune tunes static shapes only"
+        )
+    return tuple(int(d) for d in shaped.shape), str(shaped.element_type)
+
+
+def _loop_sizes(maps: list[Any], shapes: list[tuple[int, ...]], n_loops: int) -> tuple[int, ...]:
+    """Each loop's trip count: the size of an operand dimension indexed by that loop alone."""
+    from iree.compiler import ir
+
+    sizes = [0] * n_loops
+    for amap, shape in zip(maps, shapes, strict=True):
+        for position, expr in enumerate(amap.results):
+            if isinstance(expr, ir.AffineDimExpr) and sizes[expr.position] == 0:
+                sizes[expr.position] = shape[position]
+    return tuple(sizes)
+
+
+def _function_name(op: Any) -> str:
+    parent = op.parent
+    while parent is not None and parent.name not in ("func.func", "util.func"):
+        parent = parent.parent
+    if parent is None:
+        return ""
+    return str(parent.attributes["sym_name"]).strip('"')
+
+
+def _describe(op: Any, path: Path) -> Problem | None:
+    """The Problem of one root op, or None when its kind is not tunable."""
+    from iree.compiler.dialects import iree_codegen, linalg
+
+    name = op.name
+    kind: OpKind
+    if name in _ATTENTION_OPS:
+        kind = "attention"
+        maps = [attr.value for attr in op.attributes["indexing_maps"]]
+        q, k, v, o = maps[0], maps[1], maps[2], maps[4]
+        detail = iree_codegen.get_attention_op_detail(q, k, v, o)
+        dims = {
+            "batch": detail.batch_dims, "m": detail.m_dims, "n": detail.n_dims,
+            "k1": detail.k1_dims, "k2": detail.k2_dims,
+        }
+        values = [op.operands[0], op.operands[1], op.operands[2], op.results[0]]
+        operand_maps = [q, k, v, o]
+        n_loops = int(detail.domain_rank)
+        extra: dict[str, tuple[int, ...]] = {}
+    elif linalg.isa_contraction_op(op):
+        kind = "contraction"
+        cdims = linalg.infer_contraction_dimensions(op)
+        dims = {"batch": cdims.batch, "m": cdims.m, "n": cdims.n, "k": cdims.k}
+        operand_maps = [attr.value for attr in linalg.get_indexing_maps(op)]
+        values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
+        n_loops = operand_maps[0].n_dims
+        extra = {}
+    elif linalg.isa_convolution_op(op):
+        kind = "convolution"
+        cdims = linalg.infer_convolution_dimensions(op)
+        dims = {
+            "batch": cdims.batch, "output_image": cdims.output_image,
+            "output_channel": cdims.output_channel, "filter_loop": cdims.filter_loop,
+            "input_channel": cdims.input_channel, "depth": cdims.depth,
+        }
+        operand_maps = [attr.value for attr in linalg.get_indexing_maps(op)]
+        values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
+        n_loops = operand_maps[0].n_dims
+        extra = {"strides": tuple(cdims.strides), "dilations": tuple(cdims.dilations)}
+    else:
+        return None
+
+    shapes_types = [_static_shape(v, name, path) for v in values]
+    shapes = [s for s, _ in shapes_types]
+    return Problem(
+        kind=kind,
+        loop_sizes=_loop_sizes(operand_maps, shapes, n_loops),
+        dims={cls: tuple(int(i) for i in loops) for cls, loops in dims.items()},
+        element_types=tuple(t for _, t in shapes_types),
+        operand_shapes=tuple(shapes),
+        indexing_maps=tuple(str(m) for m in operand_maps),
+        strides=extra.get("strides", ()),
+        dilations=extra.get("dilations", ()),
+        op_name=name,
+        name=_function_name(op),
+    )

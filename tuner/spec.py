@@ -1,0 +1,253 @@
+"""Tuning specs: build them with IREE's Python bindings, link them, and check that they applied.
+
+A spec is a transform-dialect library in the `iree_codegen.tuning_spec_with_default_entrypoint`
+format: one exact-shape matcher per problem (`transform.iree.match.contraction` / `convolution` /
+`attention` plus `dims_equal` on every dimension class), one `compilation_info` per matched root op,
+and a `__kernel_config` entry point whose `foreach_match` tries every matcher. Specs that do not match
+compile silently with the default configuration, so `applied_configs` reads back what IREE actually
+used.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import DIM_CLASSES, Problem
+from dispatchtune.targets import Target
+from dispatchtune.toolchain import first_error_line, run_tool
+
+_SPEC_ATTRS = ("transform.with_named_sequence", "iree_codegen.tuning_spec_with_default_entrypoint")
+
+
+def matcher_name(problem: Problem) -> str:
+    """The spec symbol that matches one problem (stable: derived from the problem key)."""
+    return "match_" + re.sub(r"[^A-Za-z0-9_]", "_", problem.key)
+
+
+def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
+    """A tuning spec that gives each problem's root op the paired `compilation_info` (MLIR text).
+
+    Problems must be distinct. An empty `entries` yields a valid spec that changes nothing (used
+    for the compiler-default baseline, so every build goes through the same flags).
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import transform
+
+    names = [matcher_name(p) for p, _ in entries]
+    if len(set(names)) != len(names):
+        raise DispatchTuneError("a tuning spec can hold one configuration per problem")
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.create()
+        for attr in _SPEC_ATTRS:
+            module.operation.attributes[attr] = ir.UnitAttr.get()
+        any_op = transform.AnyOpType.get()
+        any_param = transform.AnyParamType.get()
+        readonly = {"transform.readonly": ir.UnitAttr.get()}
+        with ir.InsertionPoint(module.body):
+            apply = transform.NamedSequenceOp(
+                "apply_op_config", [any_op, any_param], [], arg_attrs=[readonly, readonly]
+            )
+            with ir.InsertionPoint(apply.body):
+                transform.AnnotateOp(apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0])
+                transform.YieldOp([])
+            for (problem, config), name in zip(entries, names, strict=True):
+                matcher = transform.NamedSequenceOp(
+                    name, [any_op], [any_op, any_param], arg_attrs=[readonly]
+                )
+                with ir.InsertionPoint(matcher.body):
+                    _emit_match(problem, matcher.bodyTarget)
+                    try:
+                        attr = ir.Attribute.parse(config)
+                    except ir.MLIRError as exc:
+                        raise DispatchTuneError(
+                            f"invalid compilation_info for {problem.key}: {_mlir_error(exc)}"
+                        ) from None
+                    param = transform.ParamConstantOp(any_param, attr)
+                    transform.YieldOp([matcher.bodyTarget, param.result])
+            entry = transform.NamedSequenceOp(
+                "__kernel_config", [any_op], [any_op],
+                arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}],
+            )
+            entry.operation.attributes["iree_codegen.tuning_spec_entrypoint"] = ir.UnitAttr.get()
+            with ir.InsertionPoint(entry.body):
+                if names:
+                    matched = transform.ForeachMatchOp(
+                        any_op, [], entry.bodyTarget, [],
+                        names,
+                        ["apply_op_config"] * len(names),
+                    )
+                    transform.YieldOp([matched.updated])
+                else:
+                    transform.YieldOp([entry.bodyTarget])
+        if not module.operation.verify():  # pragma: no cover - verify raises on failure
+            raise DispatchTuneError("built tuning spec failed to verify")
+        return str(module)
+
+
+def _emit_match(problem: Problem, handle: Any) -> None:
+    """Matcher ops for one problem: op kind, element types, indexing maps, every dimension size."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import preprocessing_transform as pt
+
+    types = [ir.Type.parse(t) for t in problem.element_types]
+    maps = [ir.AffineMapAttr(ir.Attribute.parse(f"affine_map<{m}>")).value for m in problem.indexing_maps]
+    if problem.kind == "contraction":
+        dims = pt.MatchContractionOp(handle, types[0], types[1], types[2], maps).results
+        expected = [problem.sizes(c) for c in DIM_CLASSES["contraction"]]
+    elif problem.kind == "convolution":
+        dims = pt.MatchConvolutionOp(handle, types[0], types[1], types[2], maps).results
+        expected = [problem.sizes(c) for c in DIM_CLASSES["convolution"]]
+        expected += [problem.strides, problem.dilations]
+    else:
+        q, k, v, o = maps
+        scale = ir.AffineMap.get(q.n_dims, 0, [])
+        dims = pt.MatchAttentionOp(
+            handle, types[0], types[1], types[2], types[3], [q, k, v, scale, o]
+        ).results
+        expected = [problem.sizes(c) for c in DIM_CLASSES["attention"]]
+    for value, sizes in zip(dims, expected, strict=True):
+        pt.MatchDimsEqualOp(value, list(sizes))
+
+
+def merge_specs(specs: Sequence[str]) -> str:
+    """Link several specs (e.g. a user's starter spec and ours) into one, with IREE's linker.
+
+    Earlier specs take precedence where several match the same op, like IREE's own linking.
+    """
+    if not specs:
+        return tuning_spec([])
+    if len(specs) == 1:
+        return specs[0]
+    body = []
+    for i, spec in enumerate(specs):
+        inner = spec.strip()
+        # Nest each spec as a named module; the linker merges their `__kernel_config` entry points.
+        inner = re.sub(r"^module\b", f"module @spec_{i}", inner, count=1)
+        body.append(inner)
+    container = (
+        "module attributes {transform.with_named_sequence} {\n" + "\n".join(body) + "\n}\n"
+    )
+    proc = run_tool(
+        "iree-opt", ["-", "--iree-codegen-link-tuning-specs", "-o", "-"], input_text=container
+    )
+    if proc.returncode != 0:
+        raise DispatchTuneError(f"linking tuning specs failed: {first_error_line(proc.stderr)}")
+    return proc.stdout
+
+
+def check_spec(text: str) -> None:
+    """Parse and verify a spec in-process; raise a one-line error if it is not a valid spec."""
+    from iree.compiler import ir
+
+    with ir.Context():
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError as exc:
+            raise DispatchTuneError(f"invalid tuning spec: {_mlir_error(exc)}") from None
+        attrs = module.operation.attributes
+        if not any(a in attrs for a in ("iree_codegen.tuning_spec_with_default_entrypoint",)):
+            raise DispatchTuneError(
+                "tuning spec lacks the iree_codegen.tuning_spec_with_default_entrypoint attribute"
+            )
+
+
+def applied_configs(mlir_path: str | Path, target: Target, spec_path: str | Path | None) -> list[str]:
+    """The configuration IREE applies to each root op of `mlir_path` with this spec.
+
+    Compiles to `executable-configurations` (about 0.3 s) and returns, per root op, a
+    `#iree_codegen.compilation_info<...>` built from the op's `lowering_config` and its function's
+    `translation_info`, so it compares directly with the requested one (`config_applied`).
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    args = [
+        str(mlir_path),
+        *target.compile_flags,
+        "--compile-to=executable-configurations",
+        "--iree-codegen-add-tuner-attributes",
+        "-o",
+        "-",
+    ]
+    if spec_path is not None:
+        args.append(f"{target.tuning_spec_flag}={spec_path}")
+    proc = run_tool("iree-compile", args)
+    if proc.returncode != 0:
+        raise DispatchTuneError(f"iree-compile failed: {first_error_line(proc.stderr)}")
+    configs = []
+    with ir.Context():
+        module = ir.Module.parse(proc.stdout)
+        for op in _configured_root_ops(module):
+            lowering = op.attributes["lowering_config"]
+            func = op.parent
+            while func is not None and "translation_info" not in func.attributes:
+                func = func.parent
+            if func is None:
+                configs.append("")
+                continue
+            info = iree_codegen.CompilationInfoAttr.get(lowering, func.attributes["translation_info"])
+            configs.append(str(info))
+    return configs
+
+
+def _configured_root_ops(module: Any) -> list[Any]:
+    """Tunable ops that carry a `lowering_config`, in IR order.
+
+    IREE marks root ops with `root_op` only when its own heuristics configured them; an op configured
+    by a tuning spec loses the marker, so tunable kinds are recognised with the linalg bindings.
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, linalg
+
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        operation = op.operation
+        if "lowering_config" in operation.attributes and (
+            "root_op" in operation.attributes
+            or operation.name.startswith("iree_linalg_ext.") and "attention" in operation.name
+            or linalg.isa_contraction_op(operation)
+            or linalg.isa_convolution_op(operation)
+        ):
+            found.append(operation)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    del iree_codegen  # imported for its dialect registration side effects only
+    return found
+
+
+def config_applied(requested: str, applied: str) -> bool:
+    """Whether an applied configuration is the requested one (compared as parsed attributes)."""
+    from iree.compiler import ir
+
+    if not applied:
+        return False
+    with ir.Context():
+        try:
+            want = ir.Attribute.parse(requested)
+            got = ir.Attribute.parse(applied)
+        except ir.MLIRError:
+            return False
+        return bool(want == got)
+
+
+def write_spec(text: str, path: str | Path) -> Path:
+    """Write a spec file atomically (a half-written spec must never be picked up by a compile)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as handle:
+        handle.write(text)
+        tmp = Path(handle.name)
+    tmp.replace(path)
+    return path
+
+
+def _mlir_error(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "parse error")
