@@ -21,13 +21,18 @@ __all__ = [
     "get_target",
     "list_targets",
     "load_problems",
+    "rank",
 ]
 
 
 def __getattr__(name: str) -> object:
-    # Lazy: loading problems imports IREE's compiler bindings, which `import dispatchtune` should not.
+    # Lazy: loading problems imports IREE's compiler bindings; `import dispatchtune` stays cheap.
     if name == "load_problems":
         from dispatchtune.tuner.frontend import load_problems
 
         return load_problems
+    if name == "rank":
+        from dispatchtune.costmodel.rank import rank
+
+        return rank
     raise AttributeError(f"module 'dispatchtune' has no attribute {name!r}")

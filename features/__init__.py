@@ -1,1 +1,31 @@
-"""dispatchtune.features"""
+"""dispatchtune.features: candidate tables -> documented, columnar feature tables."""
+
+from dispatchtune.features.extract import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    FEATURES,
+    FeatureExtractor,
+    FeatureSpec,
+    GemmFeatureExtractor,
+    ProblemScalars,
+    TargetScalars,
+    compute_features,
+    extract_features,
+    feature_table_markdown,
+    features_frame,
+)
+
+__all__ = [
+    "FEATURES",
+    "FEATURE_NAMES",
+    "FEATURE_SCHEMA_VERSION",
+    "FeatureExtractor",
+    "FeatureSpec",
+    "GemmFeatureExtractor",
+    "ProblemScalars",
+    "TargetScalars",
+    "compute_features",
+    "extract_features",
+    "feature_table_markdown",
+    "features_frame",
+]

@@ -1,0 +1,67 @@
+"""`rank`: put candidates in benchmark order (handwritten heuristic or seeded random baseline)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+from dispatchtune.costmodel.base import CostModel
+from dispatchtune.costmodel.heuristic import HeuristicModel
+from dispatchtune.errors import InputError
+
+if TYPE_CHECKING:
+    from dispatchtune.problem import Problem
+    from dispatchtune.targets import Target
+
+Order = Literal["heuristic", "random"]
+ORDERS: tuple[str, ...] = ("heuristic", "random")
+
+
+def rank(
+    candidates: Any,
+    problem: Problem | None = None,
+    target: Target | str | None = None,
+    order: str = "heuristic",
+    seed: int = 0,
+    model: CostModel | None = None,
+) -> pd.DataFrame:
+    """The candidate table reordered for benchmarking, with a `score` column (higher first).
+
+    `candidates` is a `CandidateSet` (its `.problem`, `.target`, `.table` are used) or a DataFrame
+    with `problem` and `target` given. The result keeps every column, adds `candidate_id` (the
+    row's position in the input, unless the table already has one) and `score`, and has a fresh
+    0..n-1 index. `order="random"` is the seeded baseline (a uniform random permutation);
+    `model` replaces the heuristic by any `CostModel` (e.g. a learned one).
+    """
+    if order not in ORDERS:
+        raise InputError(f"unknown order {order!r}; choose one of: {', '.join(ORDERS)}")
+    table = getattr(candidates, "table", candidates)
+    if not isinstance(table, pd.DataFrame):
+        raise InputError(f"expected a CandidateSet or DataFrame, got {type(candidates).__name__}")
+    problem = problem if problem is not None else getattr(candidates, "problem", None)
+    target = target if target is not None else getattr(candidates, "target", None)
+
+    table = table.reset_index(drop=True)
+    if "candidate_id" not in table:
+        table.insert(0, "candidate_id", np.arange(len(table), dtype=np.int64))
+    if order == "random":
+        # A random score, not just a shuffle, so that `score` still says "higher goes first".
+        scores = np.random.default_rng(seed).random(len(table))
+        positions = np.argsort(-scores, kind="stable")
+    else:
+        if problem is None or target is None:
+            raise InputError("heuristic ranking needs the problem and the target of the candidates")
+        if isinstance(target, str):
+            from dispatchtune.targets import get_target
+
+            target = get_target(target)
+        from dispatchtune.features.extract import extract_features
+
+        features = extract_features(problem, target, table)
+        chosen = model if model is not None else HeuristicModel()
+        scores = np.asarray(chosen.predict(features), dtype=np.float64)
+        positions = chosen.rank(features)
+    ranked = table.iloc[positions].copy()
+    ranked["score"] = scores[positions]
+    return ranked.reset_index(drop=True)
