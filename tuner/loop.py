@@ -1,0 +1,631 @@
+"""The tuning loop: order candidates, compile them in parallel, benchmark, verify, log, resume.
+
+`tune(path, target, output_dir, options)` tunes every dispatch of a model/function (or one dumped
+dispatch benchmark):
+
+1. dump the dispatch benchmarks, strip their configs and fill their buffers (`benchfile`);
+2. enumerate the candidates with Z3 (`dispatchtune.search.enumerate_candidates`) and order them
+   (`dispatchtune.rank`, heuristic or random);
+3. build the compiler-default baseline (binary, reference outputs) and measure it on each device;
+4. stream candidates through a pool of compile workers (spec -> binary -> applied-config check ->
+   dedup by sha256 -> function build for verification) while the device workers benchmark and
+   verify the binaries already built; the baseline is re-measured every `baseline_every`
+   benchmarks per device, so drift is visible and every candidate is normalised by the nearest
+   earlier baseline;
+5. append each result to `results.jsonl` as soon as it is known (a run killed at any moment
+   resumes without losing or re-measuring anything: candidates already recorded are skipped);
+6. write `tuning_spec.mlir`, `summary.md` and `progress.png` (`report`).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import signal
+import sys
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from dispatchtune.datasets.records import (
+    BASELINE_ID,
+    ResultRecord,
+    ResultsLog,
+    read_records,
+)
+from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.problem import Problem
+from dispatchtune.targets import Target, get_target
+from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.tuner.benchfile import (
+    PreparedDispatch,
+    dump_dispatch_benchmarks,
+    is_dispatch_benchmark,
+    prepare_dispatch,
+)
+from dispatchtune.tuner.process import kill_children
+from dispatchtune.tuner.verify import VerifyInputs, compare, run_function, write_inputs
+from dispatchtune.tuner.worker import (
+    BINDINGS_LOCK,
+    BenchSettings,
+    BinaryRegistry,
+    Candidate,
+    CompileContext,
+    CompileOutcome,
+    CpuSlots,
+    benchmark_vmfb,
+    compile_candidate,
+    compile_module,
+    sha256_file,
+)
+
+ORDERS = ("heuristic", "random")
+
+
+@dataclass
+class TuneOptions:
+    """Knobs of the loop (the CLI flags of `dispatchtune tune`)."""
+
+    budget: int = 20  # candidates benchmarked per dispatch (failures and duplicates are free)
+    order: str = "heuristic"
+    devices: tuple[str, ...] = ()  # default: the target's device (local-sync for host)
+    jobs: int = 0  # compile workers; 0 = one per core
+    repetitions: int = 5
+    min_time_s: float = 0.05
+    baseline_every: int = 5  # re-measure the default config after this many benchmarks/device
+    compile_timeout_s: float = 60.0
+    benchmark_timeout_s: float = 120.0
+    verify: bool = True
+    check_applied: bool = True
+    seed: int = 0
+    max_attempts: int = 0  # candidates tried per dispatch; 0 = 4 x budget + 8
+    min_speedup: float = 1.0  # the best candidate enters the spec only above this speedup
+    keep_binaries: bool = False
+    progress: bool | None = None  # None: show a progress bar when stderr is a terminal
+
+    def validate(self) -> None:
+        if self.budget < 1:
+            raise DispatchTuneError("--budget must be at least 1")
+        if self.order not in ORDERS:
+            raise DispatchTuneError(f"--order must be one of {', '.join(ORDERS)}")
+        if self.repetitions < 1:
+            raise DispatchTuneError("--repetitions must be at least 1")
+        if self.baseline_every < 1:
+            raise DispatchTuneError("--baseline-every must be at least 1")
+
+
+@dataclass
+class TuneResult:
+    """Paths written by `tune` and the per-dispatch summaries."""
+
+    output_dir: Path
+    results_path: Path
+    spec_path: Path
+    summary_path: Path
+    plot_path: Path | None
+    summaries: list[Any] = field(default_factory=list)
+    text: str = ""
+
+
+CandidateSource = Callable[[Problem, Target, TuneOptions], Sequence[Candidate]]
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def ranked_candidates(problem: Problem, target: Target, options: TuneOptions) -> list[Candidate]:
+    """The real search space of a problem in benchmark order (Z3 enumeration + ranking)."""
+    from dispatchtune import rank
+    from dispatchtune.search import enumerate_candidates
+
+    cset = enumerate_candidates(problem, target)
+    table = rank(cset, problem, target, order=options.order, seed=options.seed)
+    skip = {"score", "candidate_id"}
+    knob_columns = [c for c in table.columns if c not in skip]
+    records = table.to_dict("records")
+    candidates = []
+    for position, row in enumerate(records):
+        cid = int(row["candidate_id"])
+        score = row.get("score")
+        candidates.append(
+            Candidate(
+                candidate_id=cid,
+                compilation_info=cset.compilation_info(cid),
+                pipeline=str(row.get("pipeline", "")),
+                knobs={c: _plain(row[c]) for c in knob_columns},
+                rank=position,
+                score=None if score is None or score != score else float(score),
+            )
+        )
+    return candidates
+
+
+# ---- preparing dispatches --------------------------------------------------------------------
+def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[PreparedDispatch]:
+    """Stripped + filled benchmark files for every distinct tunable dispatch of `path`."""
+    from dispatchtune.tuner.frontend import load_problems
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no such file: {path}")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    sources = (
+        [path]
+        if is_dispatch_benchmark(text)
+        else dump_dispatch_benchmarks(path, target, work_dir / "dumped")
+    )
+    prepared: list[PreparedDispatch] = []
+    seen: set[str] = set()
+    for source in sources:
+        try:
+            problems = load_problems(source, target)
+        except InputError:
+            continue  # a dispatch without a tunable root op (e.g. an elementwise one)
+        for problem in problems[:1]:  # a dispatch's first root op is the one its spec configures
+            if problem.key in seen:
+                continue
+            seen.add(problem.key)
+            out = work_dir / problem.key / "benchmark.mlir"
+            prepared.append(prepare_dispatch(source, problem, out))
+    if not prepared:
+        raise InputError(f"{path}: no dispatch with a tunable root op")
+    return prepared
+
+
+# ---- per-device state -------------------------------------------------------------------------
+@dataclass
+class _Device:
+    uri: str
+    last_baseline_ms: list[float] = field(default_factory=list)
+    since_baseline: int = 0
+
+
+@dataclass
+class _BenchOutcome:
+    compiled: CompileOutcome
+    device: str
+    status: str
+    error: str
+    times_ms: list[float]
+    baseline_times_ms: list[float]
+    verify_status: str = "skipped"
+    verify_error: str = ""
+    max_abs_error: float | None = None
+
+
+class _DispatchTuner:
+    """Runs the loop for one dispatch; owns the pools, the devices and the baseline."""
+
+    def __init__(
+        self,
+        prepared: PreparedDispatch,
+        target: Target,
+        options: TuneOptions,
+        log: ResultsLog,
+        history: list[dict[str, Any]],
+        session: str,
+        work_dir: Path,
+    ) -> None:
+        self.problem = prepared.problem
+        self.prepared = prepared
+        self.target = target
+        self.options = options
+        self.log = log
+        self.session = session
+        self.work_dir = work_dir
+        self.devices = [_Device(d) for d in (options.devices or (target.device_uri,))]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.jobs = options.jobs or cores
+        self.slots = CpuSlots(cores if not target.is_gpu else self.jobs + len(self.devices))
+        self.registry = BinaryRegistry()
+        self.settings = BenchSettings(
+            options.repetitions, options.min_time_s, options.benchmark_timeout_s
+        )
+        self.stop = threading.Event()
+        self.iree_version = iree_compiler_version()
+        mine = [
+            r for r in history
+            if r.get("problem_key") == self.problem.key and r.get("target") == target.name
+        ]
+        self.done = {r.get("compilation_info", "") for r in mine if r.get("kind") == "candidate"}
+        self.benchmarked = sum(
+            1 for r in mine if r.get("kind") == "candidate" and r.get("bench_status") != "skipped"
+        )
+        self.reference: np.ndarray | None = None
+        self.inputs: VerifyInputs | None = None
+        self.verify_note = ""
+        self.default_config = ""
+
+    # -- records --------------------------------------------------------------------------------
+    def _record(self, **fields: Any) -> ResultRecord:
+        return ResultRecord(
+            problem=self.problem.to_dict(),
+            problem_key=self.problem.key,
+            target=self.target.name,
+            iree_version=self.iree_version,
+            session=self.session,
+            order=self.options.order,
+            **fields,
+        )
+
+    def _append(self, record: ResultRecord) -> None:
+        if not self.stop.is_set():  # results of an interrupted run's killed children are void
+            self.log.append(record)
+
+    # -- baseline -------------------------------------------------------------------------------
+    def _prepare_baseline(self) -> None:
+        directory = self.work_dir / "baseline"
+        directory.mkdir(parents=True, exist_ok=True)
+        spec = None  # the compiler default: no spec at all
+        ctx = self._context()
+        self.baseline_vmfb = directory / "dispatch.vmfb"
+        result = compile_module(ctx, self.prepared.benchmark, spec, self.baseline_vmfb,
+                                with_target_flags=False)
+        if not result.ok:
+            raise DispatchTuneError(
+                f"the compiler-default build of {self.problem.key} {result.status}: {result.error}"
+            )
+        self.baseline_compile_s = result.elapsed_s
+        self.baseline_sha = sha256_file(self.baseline_vmfb)
+        self.registry.claim(self.baseline_sha, BASELINE_ID)
+        if self.options.check_applied:
+            from dispatchtune.tuner.spec import applied_configs
+
+            try:
+                with BINDINGS_LOCK:
+                    found = applied_configs(self.prepared.benchmark, self.target, None)
+                self.default_config = found[0] if found else ""
+            except DispatchTuneError:
+                self.default_config = ""
+        if not self.options.verify:
+            self.verify_note = "verification disabled"
+            return
+        function = self.work_dir / "function.mlir"
+        function.write_text(self.problem.to_mlir())
+        self.inputs = write_inputs(self.problem, self.work_dir / "inputs", self.options.seed)
+        if not self.inputs.supported:
+            self.verify_note = f"no random inputs for {'/'.join(self.problem.element_types)}"
+            return
+        func_vmfb = directory / "function.vmfb"
+        built = compile_module(ctx, function, spec, func_vmfb, with_target_flags=True)
+        if not built.ok:
+            self.verify_note = f"function-level default build {built.status}: {built.error}"
+            return
+        run, output = run_function(
+            func_vmfb, self.devices[0].uri, self.inputs, directory / "output.bin",
+            self.options.benchmark_timeout_s,
+        )
+        if output is None:
+            self.verify_note = f"default build did not run ({run.status}: {run.error})"
+            return
+        self.reference = output
+        self.function_mlir: Path | None = function
+
+    def _measure_baseline(self, device: _Device) -> None:
+        result, times = benchmark_vmfb(self.baseline_vmfb, device.uri, self.settings, self.slots)
+        if self.stop.is_set():
+            return
+        if not result.ok:
+            raise DispatchTuneError(
+                f"benchmarking the compiler default on {device.uri} {result.status}: {result.error}"
+            )
+        device.last_baseline_ms = times
+        device.since_baseline = 0
+        self._append(
+            self._record(
+                kind="baseline",
+                device=device.uri,
+                candidate_id=BASELINE_ID,
+                compilation_info=self.default_config,
+                compile_status="ok",
+                compile_time_s=self.baseline_compile_s,
+                binary_sha256=self.baseline_sha,
+                bench_status="ok",
+                times_ms=times,
+            )
+        )
+
+    def _context(self) -> CompileContext:
+        return CompileContext(
+            problem=self.problem,
+            target=self.target,
+            benchmark_mlir=self.prepared.benchmark,
+            function_mlir=getattr(self, "function_mlir", None),
+            work_dir=self.work_dir,
+            timeout_s=self.options.compile_timeout_s,
+            slots=self.slots,
+            registry=self.registry,
+            check_applied=self.options.check_applied,
+        )
+
+    # -- device worker --------------------------------------------------------------------------
+    def _bench_job(self, compiled: CompileOutcome, free: queue.Queue[_Device]) -> _BenchOutcome:
+        device = free.get()
+        try:
+            if device.since_baseline >= self.options.baseline_every:
+                self._measure_baseline(device)
+            assert compiled.vmfb is not None
+            result, times = benchmark_vmfb(compiled.vmfb, device.uri, self.settings, self.slots)
+            device.since_baseline += 1
+            outcome = _BenchOutcome(
+                compiled, device.uri, result.status, result.error, times,
+                list(device.last_baseline_ms),
+            )
+            if result.ok:
+                self._verify(compiled, device, outcome)
+            return outcome
+        finally:
+            free.put(device)
+            if not self.options.keep_binaries:
+                for path in (compiled.vmfb, compiled.verify_vmfb):
+                    if path is not None:
+                        path.unlink(missing_ok=True)
+
+    def _verify(self, compiled: CompileOutcome, device: _Device, outcome: _BenchOutcome) -> None:
+        if self.reference is None or self.inputs is None:
+            outcome.verify_error = self.verify_note
+            return
+        if compiled.verify_vmfb is None:
+            outcome.verify_status, outcome.verify_error = "error", compiled.verify_error
+            return
+        out = compiled.verify_vmfb.with_name("output.bin")
+        run, output = run_function(
+            compiled.verify_vmfb, device.uri, self.inputs, out, self.options.benchmark_timeout_s
+        )
+        if output is None:
+            outcome.verify_status = "error"
+            outcome.verify_error = f"run {run.status}: {run.error or 'no output'}"
+            return
+        out.unlink(missing_ok=True)
+        status, max_abs = compare(output, self.reference, self.problem.output_type)
+        outcome.verify_status, outcome.max_abs_error = status, max_abs
+        if status == "mismatch":
+            outcome.verify_error = (
+                f"miscompile: max |error| {max_abs:.3g} vs the default build on seeded inputs"
+            )
+
+    # -- main loop ------------------------------------------------------------------------------
+    def _candidate_fields(self, candidate: Candidate) -> dict[str, Any]:
+        return {
+            "candidate_id": candidate.candidate_id,
+            "rank": candidate.rank,
+            "score": candidate.score,
+            "pipeline": candidate.pipeline,
+            "knobs": candidate.knobs,
+            "compilation_info": candidate.compilation_info,
+        }
+
+    def _record_compile_only(self, compiled: CompileOutcome) -> None:
+        self._append(
+            self._record(
+                device="",
+                compile_status=compiled.status,
+                compile_error=compiled.error,
+                compile_time_s=compiled.compile_time_s,
+                binary_sha256=compiled.sha256,
+                duplicate_of=compiled.duplicate_of,
+                **self._candidate_fields(compiled.candidate),
+            )
+        )
+
+    def _record_bench(self, bench: _BenchOutcome) -> None:
+        compiled = bench.compiled
+        self._append(
+            self._record(
+                device=bench.device,
+                compile_status="ok",
+                compile_time_s=compiled.compile_time_s,
+                binary_sha256=compiled.sha256,
+                bench_status=bench.status,
+                bench_error=bench.error,
+                times_ms=bench.times_ms,
+                baseline_times_ms=bench.baseline_times_ms,
+                verify_status=bench.verify_status,
+                verify_error=bench.verify_error,
+                max_abs_error=bench.max_abs_error,
+                **self._candidate_fields(compiled.candidate),
+            )
+        )
+
+    def run(self, candidates: Sequence[Candidate], progress: Any) -> None:
+        todo = [c for c in candidates if c.compilation_info not in self.done]
+        if self.benchmarked >= self.options.budget or not todo:
+            return
+        self._prepare_baseline()
+        for device in self.devices:
+            self._measure_baseline(device)
+        ctx = self._context()
+        free: queue.Queue[_Device] = queue.Queue()
+        for device in self.devices:
+            free.put(device)
+        budget = self.options.budget
+        max_attempts = self.options.max_attempts or 4 * budget + 8
+        pending = iter(todo[:max_attempts])
+        compiles: dict[Future[CompileOutcome], Candidate] = {}
+        benches: dict[Future[_BenchOutcome], CompileOutcome] = {}
+        exhausted = False
+        compile_pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dt-compile")
+        bench_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="dt-bench")
+        try:
+            while True:
+                # Keep the compile workers busy with the next batch while benchmarks run, but do
+                # not build far more binaries than the budget can still use.
+                while (
+                    not exhausted
+                    and len(compiles) < 2 * self.jobs
+                    and self.benchmarked + len(benches) + len(compiles) < budget + self.jobs
+                ):
+                    candidate = next(pending, None)
+                    if candidate is None:
+                        exhausted = True
+                        break
+                    compiles[compile_pool.submit(compile_candidate, ctx, candidate)] = candidate
+                if not compiles and not benches:
+                    break
+                done, _ = wait([*compiles, *benches], return_when=FIRST_COMPLETED)
+                for future in done:
+                    if future in compiles:
+                        del compiles[future]
+                        compiled = future.result()  # type: ignore[assignment]
+                        assert isinstance(compiled, CompileOutcome)
+                        if compiled.status != "ok":
+                            self._record_compile_only(compiled)
+                            progress.note_failure(compiled.status)
+                        elif self.benchmarked + len(benches) < budget:
+                            job = bench_pool.submit(self._bench_job, compiled, free)
+                            benches[job] = compiled
+                        else:
+                            # Budget spent: not recorded, so a later run with a larger budget
+                            # builds and measures it then.
+                            for path in (compiled.vmfb, compiled.verify_vmfb):
+                                if path is not None:
+                                    path.unlink(missing_ok=True)
+                    else:
+                        del benches[future]
+                        bench = future.result()
+                        assert isinstance(bench, _BenchOutcome)
+                        self._record_bench(bench)
+                        self.benchmarked += 1
+                        progress.note_bench(bench)
+                        if bench.verify_status == "mismatch":
+                            progress.write(
+                                f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "
+                                f"of {self.problem.key}: {bench.verify_error}"
+                            )
+            # Close with a baseline on every device so that drift over the run is visible.
+            for device in self.devices:
+                if device.since_baseline:
+                    self._measure_baseline(device)
+        except BaseException:
+            self.stop.set()
+            kill_children()
+            for pending_future in [*compiles, *benches]:
+                pending_future.cancel()
+            raise
+        finally:
+            compile_pool.shutdown(wait=True, cancel_futures=True)
+            bench_pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Progress:
+    """tqdm bar over benchmarks of one dispatch, with the best speedup so far."""
+
+    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=total, initial=min(initial, total), desc=desc, unit="bench",
+            disable=not enabled, file=sys.stderr, dynamic_ncols=True, leave=True,
+        )
+        self.best = 0.0
+        self.failures = 0
+        self.enabled = enabled
+
+    def note_failure(self, status: str) -> None:
+        self.failures += 1
+        self._postfix()
+
+    def note_bench(self, bench: _BenchOutcome) -> None:
+        if bench.times_ms and bench.baseline_times_ms and bench.verify_status != "mismatch":
+            speedup = float(np.median(bench.baseline_times_ms) / np.median(bench.times_ms))
+            self.best = max(self.best, speedup)
+        if bench.status != "ok":
+            self.failures += 1
+        self.bar.update(1)
+        self._postfix()
+
+    def _postfix(self) -> None:
+        self.bar.set_postfix(best=f"{self.best:.3f}x", failed=self.failures, refresh=False)
+
+    def write(self, text: str) -> None:
+        self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Treat SIGTERM like Ctrl-C so a killed run stops cleanly with its log consistent."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def tune(
+    path: str | os.PathLike[str],
+    target: Target | str,
+    output_dir: str | os.PathLike[str],
+    options: TuneOptions | None = None,
+    *,
+    candidates: Sequence[Candidate] | CandidateSource | None = None,
+) -> TuneResult:
+    """Tune every dispatch of `path` for `target`; results and spec go to `output_dir`.
+
+    `candidates` replaces the enumerator + ranker: a fixed list (applied to every dispatch) or a
+    function `(problem, target, options) -> candidates`. Resuming is automatic: results already in
+    `output_dir/results.jsonl` are kept and their candidates are not tried again.
+    """
+    from dispatchtune.tuner.report import write_outputs
+
+    options = options or TuneOptions()
+    options.validate()
+    target = get_target(target) if isinstance(target, str) else target
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / "results.jsonl"
+    history = list(read_records(results_path))
+    log = ResultsLog(results_path)
+    work = out / "work"
+    session = uuid.uuid4().hex[:12]
+    enabled = sys.stderr.isatty() if options.progress is None else options.progress
+    with _sigterm_as_interrupt():
+        prepared = prepare_dispatches(Path(path), target, work)
+        for dispatch in prepared:
+            if candidates is None:
+                ordered: Sequence[Candidate] = ranked_candidates(dispatch.problem, target, options)
+            elif callable(candidates):
+                ordered = candidates(dispatch.problem, target, options)
+            else:
+                ordered = candidates
+            tuner = _DispatchTuner(
+                dispatch, target, options, log, history, session, work / dispatch.problem.key
+            )
+            progress = _Progress(
+                options.budget, tuner.benchmarked, dispatch.problem.key[:40], enabled
+            )
+            try:
+                tuner.run(ordered, progress)
+            finally:
+                progress.close()
+            if not options.keep_binaries:
+                for leftover in (work / dispatch.problem.key).glob("c*/*.vmfb"):
+                    leftover.unlink(missing_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
+        records = list(read_records(results_path))
+    result = write_outputs(records, [d.problem for d in prepared], target, out, options)
+    if not options.keep_binaries:
+        shutil.rmtree(work / "dumped", ignore_errors=True)
+    return result

@@ -1,0 +1,313 @@
+"""End of a tuning run: pick the best candidates, write the spec, `summary.md` and the plot.
+
+The best candidate of a dispatch is the verified (or unverifiable, never mismatching) candidate
+with the highest speedup over the compiler default, each candidate normalised by the baseline
+measured nearest before it on its device. It enters `tuning_spec.mlir` only when that speedup
+exceeds `min_speedup` (1.0: it beats the default). When no dispatch has such a candidate the spec
+is still written, empty: a valid spec that keeps every default, so a build script can always pass
+it. The summary says which case happened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from dispatchtune.datasets.records import records_frame
+from dispatchtune.problem import Problem
+from dispatchtune.targets import Target
+
+if TYPE_CHECKING:
+    from dispatchtune.tuner.loop import TuneOptions, TuneResult
+
+
+@dataclass
+class DispatchSummary:
+    """What a run found for one dispatch."""
+
+    problem: Problem
+    benchmarked: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+    duplicates: int = 0
+    miscompiles: list[int] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    speedup: float = float("nan")
+    speedup_low: float = float("nan")  # spread over the best candidate's repetitions
+    speedup_high: float = float("nan")
+    baseline_ms: list[float] = field(default_factory=list)  # median of each baseline measurement
+    in_spec: bool = False
+    frame: pd.DataFrame | None = None
+
+
+def _median(values: Any) -> float:
+    return float(np.median(values)) if isinstance(values, list) and values else float("nan")
+
+
+def _bracket_baselines(frame: pd.DataFrame, records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Normalise each candidate by the baselines just before and just after it on its device.
+
+    The log stores the baseline measured before a candidate (all that is known when it is
+    written); once the run is over, the mean of the two bracketing baseline medians follows
+    drift better (load from other processes comes and goes within minutes on a shared host).
+    """
+    base = pd.DataFrame(
+        {
+            "device": [r.get("device", "") for r in records if r.get("kind") == "baseline"],
+            "timestamp": [r.get("timestamp", 0.0) for r in records if r.get("kind") == "baseline"],
+            "median": [_median(r.get("times_ms")) for r in records if r.get("kind") == "baseline"],
+        }
+    )
+    if base.empty:
+        return frame
+    frame = frame.copy()
+    for device, group in base.sort_values("timestamp").groupby("device"):
+        rows = (frame["device"] == device).to_numpy()
+        if not rows.any():
+            continue
+        stamps = group["timestamp"].to_numpy(dtype=float)
+        medians = group["median"].to_numpy(dtype=float)
+        when = frame.loc[rows, "timestamp"].to_numpy(dtype=float)
+        after = np.searchsorted(stamps, when)
+        before = np.clip(after - 1, 0, len(stamps) - 1)
+        after = np.clip(after, 0, len(stamps) - 1)
+        frame.loc[rows, "baseline_median_ms"] = (medians[before] + medians[after]) / 2
+    frame["speedup"] = frame["baseline_median_ms"] / frame["median_ms"]
+    return frame
+
+
+def summarize(
+    records: Sequence[dict[str, Any]], problem: Problem, target: Target, min_speedup: float
+) -> DispatchSummary:
+    mine = [
+        r for r in records if r.get("problem_key") == problem.key and r.get("target") == target.name
+    ]
+    summary = DispatchSummary(problem)
+    summary.baseline_ms = [
+        _median(r.get("times_ms")) for r in mine if r.get("kind") == "baseline"
+    ]
+    frame = records_frame(mine)
+    summary.frame = frame
+    if frame.empty:
+        return summary
+    frame = _bracket_baselines(frame.sort_values("timestamp", kind="stable"), mine)
+    summary.frame = frame
+    benched = frame[frame["bench_status"] != "skipped"]
+    summary.benchmarked = len(benched)
+    failed = frame[
+        ~frame["compile_status"].isin(["ok", "duplicate"]) | ~frame["bench_status"].isin(
+            ["ok", "skipped"]
+        )
+    ]
+    reasons = np.where(
+        failed["compile_status"] != "ok",
+        "compile " + failed["compile_status"].astype(str),
+        "benchmark " + failed["bench_status"].astype(str),
+    )
+    summary.failures = {str(k): int(v) for k, v in pd.Series(reasons).value_counts().items()}
+    summary.duplicates = int((frame["compile_status"] == "duplicate").sum())
+    summary.miscompiles = [
+        int(c) for c in frame.loc[frame["verify_status"] == "mismatch", "candidate_id"]
+    ]
+    usable = benched[
+        (benched["bench_status"] == "ok")
+        & (benched["verify_status"] != "mismatch")
+        & benched["speedup"].notna()
+    ]
+    if usable.empty:
+        return summary
+    best = usable.iloc[int(np.argmax(usable["speedup"].to_numpy(dtype=float)))]
+    summary.best = {str(k): v for k, v in best.items()}
+    summary.speedup = float(best["speedup"])
+    reps = np.asarray(best["times_ms"], dtype=float)
+    per_rep = float(best["baseline_median_ms"]) / reps
+    summary.speedup_low, summary.speedup_high = float(per_rep.min()), float(per_rep.max())
+    summary.in_spec = summary.speedup > min_speedup
+    return summary
+
+
+def _fmt_ms(values: Sequence[float]) -> str:
+    arr = np.asarray(values, dtype=float)
+    return f"{np.median(arr):.3f} ms (min {arr.min():.3f}, max {arr.max():.3f}, n={arr.size})"
+
+
+def describe(summary: DispatchSummary) -> list[str]:
+    """Console lines for one dispatch."""
+    lines = [f"{summary.problem.key}: {summary.problem.describe()}"]
+    lines.append(
+        f"  benchmarked {summary.benchmarked}, duplicates {summary.duplicates}, "
+        f"failures: " + (
+            ", ".join(f"{k} {v}" for k, v in sorted(summary.failures.items())) or "none"
+        )
+    )
+    if summary.baseline_ms:
+        drift = summary.baseline_ms
+        lines.append(
+            f"  default config: {len(drift)} baseline measurements, medians "
+            f"{min(drift):.3f}-{max(drift):.3f} ms (first {drift[0]:.3f}, last {drift[-1]:.3f})"
+        )
+    if summary.miscompiles:
+        lines.append(f"  MISCOMPILES (output differs from default): {summary.miscompiles}")
+    best = summary.best
+    if best is None:
+        lines.append("  no candidate was measured successfully")
+        return lines
+    lines.append(
+        f"  best: candidate {best['candidate_id']} {best.get('pipeline', '')} "
+        f"{_fmt_ms(best['times_ms'])} vs default {best['baseline_median_ms']:.3f} ms"
+    )
+    verdict = (
+        "written to the spec"
+        if summary.in_spec
+        else "NOT faster than the default; the spec keeps the default"
+    )
+    lines.append(
+        f"  speedup {summary.speedup:.3f}x (repetitions {summary.speedup_low:.3f}-"
+        f"{summary.speedup_high:.3f}x), verify {best['verify_status']}: {verdict}"
+    )
+    lines.append(f"  config: {' '.join(str(best['compilation_info']).split())}")
+    return lines
+
+
+def plot_progress(summaries: Sequence[DispatchSummary], path: Path) -> Path | None:
+    """Best-so-far speedup over the default against the number of benchmarks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plotted = False
+    for summary in summaries:
+        frame = summary.frame
+        if frame is None or frame.empty:
+            continue
+        benched = frame[frame["bench_status"] != "skipped"]
+        ok = (benched["bench_status"] == "ok") & (benched["verify_status"] != "mismatch")
+        speedup = np.where(ok, benched["speedup"].to_numpy(dtype=float), np.nan)
+        if speedup.size == 0:
+            continue
+        best = np.fmax.accumulate(np.nan_to_num(speedup, nan=0.0))
+        x = np.arange(1, speedup.size + 1)
+        label = summary.problem.key[:40]
+        ax.scatter(x, speedup, s=10, alpha=0.5)
+        ax.step(x, best, where="post", label=f"{label} (best so far)")
+        plotted = True
+    if not plotted:
+        plt.close(fig)
+        return None
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1, label="compiler default")
+    ax.set_xlabel("benchmarks")
+    ax.set_ylabel("speedup over default (x)")
+    ax.set_title("dispatchtune: best candidate so far")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _markdown(
+    summaries: Sequence[DispatchSummary], target: Target, plot: Path | None, spec_note: str
+) -> str:
+    out = [f"# dispatchtune summary ({target.name})", "", spec_note, ""]
+    for summary in summaries:
+        out.append(f"## {summary.problem.key}")
+        out.append("")
+        out.extend(f"- {line.strip()}" for line in describe(summary)[1:])
+        out.append("")
+        frame = summary.frame
+        if frame is None or frame.empty:
+            continue
+        top = frame[frame["bench_status"] == "ok"].sort_values("speedup", ascending=False).head(10)
+        if not top.empty:
+            out.append("| candidate | pipeline | median ms | speedup | verify | config |")
+            out.append("|---|---|---|---|---|---|")
+            for _, row in top.iterrows():
+                config = " ".join(str(row["compilation_info"]).split())
+                out.append(
+                    f"| {row['candidate_id']} | {row.get('pipeline', '')} | "
+                    f"{row['median_ms']:.3f} | {row['speedup']:.3f} | {row['verify_status']} | "
+                    f"`{config}` |"
+                )
+            out.append("")
+        failed = frame[~frame["compile_status"].isin(["ok", "duplicate"])]
+        if not failed.empty:
+            out.append("Failures (first 10):")
+            out.append("")
+            for _, row in failed.head(10).iterrows():
+                out.append(
+                    f"- candidate {row['candidate_id']}: {row['compile_status']}: "
+                    f"{str(row['compile_error'])[:200]}"
+                )
+            out.append("")
+    if plot is not None:
+        out.append(f"![best so far]({plot.name})")
+        out.append("")
+    return "\n".join(out)
+
+
+def write_outputs(
+    records: Sequence[dict[str, Any]],
+    problems: Sequence[Problem],
+    target: Target,
+    out: Path,
+    options: TuneOptions,
+) -> TuneResult:
+    """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries."""
+    from dispatchtune.tuner.loop import TuneResult
+    from dispatchtune.tuner.spec import tuning_spec, write_spec
+    from dispatchtune.tuner.worker import BINDINGS_LOCK
+
+    summaries = [summarize(records, p, target, options.min_speedup) for p in problems]
+    entries = [
+        (s.problem, str(s.best["compilation_info"])) for s in summaries if s.in_spec and s.best
+    ]
+    spec_path: Path | None = out / "tuning_spec.mlir"
+    try:
+        with BINDINGS_LOCK:
+            spec_text = tuning_spec(entries)
+    except Exception as exc:  # an empty spec is not buildable with every spec.py version
+        if entries:
+            raise
+        spec_text = ""
+        spec_error = str(exc).splitlines()[0]
+    if spec_text:
+        write_spec(spec_text, out / "tuning_spec.mlir")
+    else:
+        (out / "tuning_spec.mlir").unlink(missing_ok=True)
+        spec_path = None
+    if entries:
+        spec_note = (
+            f"`tuning_spec.mlir` configures {len(entries)} of {len(summaries)} dispatch(es); "
+            f"pass it with `{target.tuning_spec_flag}=tuning_spec.mlir`."
+        )
+    else:
+        spec_note = (
+            "No candidate beat the compiler default: `tuning_spec.mlir` is a valid spec that keeps "
+            "every default configuration."
+            if spec_text
+            else f"No candidate beat the compiler default: no tuning spec written ({spec_error})."
+        )
+    plot = plot_progress(summaries, out / "progress.png")
+    summary_path = out / "summary.md"
+    summary_path.write_text(_markdown(summaries, target, plot, spec_note))
+    text_lines = [line for s in summaries for line in describe(s)]
+    text_lines += [spec_note, f"results: {out / 'results.jsonl'}  summary: {summary_path}"]
+    return TuneResult(
+        output_dir=out,
+        results_path=out / "results.jsonl",
+        spec_path=spec_path,
+        summary_path=summary_path,
+        plot_path=plot,
+        summaries=summaries,
+        text="\n".join(text_lines),
+    )
+
+
+def finite(value: float) -> bool:
+    return not (math.isnan(value) or math.isinf(value))

@@ -1,0 +1,104 @@
+"""`dispatchtune tune`: the command users run (registered by `tuner/commands.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from dispatchtune.errors import DispatchTuneError
+
+
+def register_tune(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the `tune` subcommand to a `dispatchtune` subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "tune",
+        help="compile and benchmark candidates of every dispatch; write the best tuning spec",
+        description=(
+            "Tune the dispatches of FILE (a model/function .mlir or a dumped dispatch benchmark): "
+            "order the Z3-enumerated candidates, compile them in parallel, benchmark them against "
+            "the compiler default, verify their outputs, and write DIR/tuning_spec.mlir, "
+            "DIR/results.jsonl and DIR/summary.md. Re-running with the same DIR resumes."
+        ),
+    )
+    parser.add_argument("file", type=Path, help="model/function .mlir or *_benchmark.mlir")
+    parser.add_argument("--target", default="host", help="target name (default: host)")
+    parser.add_argument(
+        "--budget", type=int, default=20, help="candidates to benchmark per dispatch (default 20)"
+    )
+    parser.add_argument(
+        "--output-dir", "-o", type=Path, required=True, help="output directory (resumable)"
+    )
+    parser.add_argument(
+        "--order", choices=("heuristic", "random"), default="heuristic",
+        help="candidate order (default: heuristic)",
+    )
+    parser.add_argument(
+        "--devices", default="",
+        help="comma-separated devices, one benchmark worker each (default: the target's, "
+        "local-sync for host; e.g. hip://0,hip://1)",
+    )
+    parser.add_argument(
+        "--jobs", "-j", type=int, default=0, help="parallel compile workers (default: all cores)"
+    )
+    parser.add_argument(
+        "--repetitions", type=int, default=5, help="benchmark repetitions (default 5)"
+    )
+    parser.add_argument(
+        "--baseline-every", type=int, default=4,
+        help="re-measure the compiler default after this many benchmarks per device (default 4)",
+    )
+    parser.add_argument(
+        "--compile-timeout", type=float, default=60.0, help="seconds per compile (default 60)"
+    )
+    parser.add_argument(
+        "--benchmark-timeout", type=float, default=120.0,
+        help="seconds per benchmark run (default 120)",
+    )
+    parser.add_argument(
+        "--no-verify", action="store_true", help="do not compare outputs with the default build"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed for random order and inputs")
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
+    )
+    parser.set_defaults(handler=run_tune)
+    return parser
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    """Handler of `dispatchtune tune`."""
+    from dispatchtune.datasets.records import CorruptRecordWarning
+    from dispatchtune.tuner.loop import TuneOptions, tune
+
+    devices = tuple(d.strip() for d in str(args.devices).split(",") if d.strip())
+    options = TuneOptions(
+        budget=args.budget,
+        order=args.order,
+        devices=devices,
+        jobs=max(0, args.jobs),
+        repetitions=args.repetitions,
+        baseline_every=args.baseline_every,
+        compile_timeout_s=args.compile_timeout,
+        benchmark_timeout_s=args.benchmark_timeout,
+        verify=not args.no_verify,
+        seed=args.seed,
+        progress=False if args.no_progress else None,
+    )
+    if not args.file.exists():
+        raise DispatchTuneError(f"no such file: {args.file}")
+
+    def show(message: Any, category: Any, *rest: Any, **kwargs: Any) -> None:
+        label = "warning" if issubclass(category, CorruptRecordWarning) else category.__name__
+        print(f"dispatchtune: {label}: {message}", file=sys.stderr)
+
+    previous = warnings.showwarning
+    warnings.showwarning = show
+    try:
+        result = tune(args.file, args.target, args.output_dir, options)
+    finally:
+        warnings.showwarning = previous
+    print(result.text)
+    return 0
