@@ -33,8 +33,18 @@ DIM_CLASSES: dict[str, tuple[str, ...]] = {
 }
 
 _TYPE_BYTES = {
-    "f64": 8.0, "f32": 4.0, "f16": 2.0, "bf16": 2.0, "i64": 8.0, "i32": 4.0, "i16": 2.0,
-    "i8": 1.0, "f8E4M3FNUZ": 1.0, "f8E5M2FNUZ": 1.0, "f8E4M3FN": 1.0, "f8E5M2": 1.0,
+    "f64": 8.0,
+    "f32": 4.0,
+    "f16": 2.0,
+    "bf16": 2.0,
+    "i64": 8.0,
+    "i32": 4.0,
+    "i16": 2.0,
+    "i8": 1.0,
+    "f8E4M3FNUZ": 1.0,
+    "f8E5M2FNUZ": 1.0,
+    "f8E4M3FN": 1.0,
+    "f8E5M2": 1.0,
 }
 
 
@@ -223,10 +233,20 @@ class Problem:
         transpose_a: bool = False,
         transpose_b: bool = False,
     ) -> Problem:
-        """C[m, n] += A[m, k] * B[k, n]; `transpose_a` stores A as [k, m], `transpose_b` B as [n, k]."""
+        """C[m, n] += A[m, k] * B[k, n].
+
+        `transpose_a` stores A as [k, m]; `transpose_b` stores B as [n, k].
+        """
         return cls.batch_matmul(
-            0, m, n, k, lhs_type, rhs_type, out_type,
-            transpose_a=transpose_a, transpose_b=transpose_b,
+            0,
+            m,
+            n,
+            k,
+            lhs_type,
+            rhs_type,
+            out_type,
+            transpose_a=transpose_a,
+            transpose_b=transpose_b,
         )
 
     @classmethod
@@ -295,15 +315,24 @@ class Problem:
         names = [f"d{i}" for i in range(7)]  # n, oh, ow, oc, kh, kw, ic
         in_h = (out_h - 1) * stride + (kernel_h - 1) * dilation + 1
         in_w = (out_w - 1) * stride + (kernel_w - 1) * dilation + 1
-        lhs = ["d0", _conv_expr("d1", "d4", stride, dilation), _conv_expr("d2", "d5", stride, dilation), "d6"]
+        lhs = [
+            "d0",
+            _conv_expr("d1", "d4", stride, dilation),
+            _conv_expr("d2", "d5", stride, dilation),
+            "d6",
+        ]
         rhs = ["d4", "d5", "d6", "d3"]
         out = ["d0", "d1", "d2", "d3"]
         return cls(
             kind="convolution",
             loop_sizes=(batch, out_h, out_w, out_channels, kernel_h, kernel_w, in_channels),
             dims={
-                "batch": (0,), "output_image": (1, 2), "output_channel": (3,),
-                "filter_loop": (4, 5), "input_channel": (6,), "depth": (),
+                "batch": (0,),
+                "output_image": (1, 2),
+                "output_channel": (3,),
+                "filter_loop": (4, 5),
+                "input_channel": (6,),
+                "depth": (),
             },
             element_types=(input_type, filter_type, out_type),
             operand_shapes=(
@@ -339,7 +368,9 @@ class Problem:
     # ---- rendering -----------------------------------------------------------------------------
     def to_mlir(self, func_name: str = "main") -> str:
         """A compilable MLIR function computing this op on its inputs (zero-initialised output)."""
-        tensor = [_tensor_type(s, t) for s, t in zip(self.operand_shapes, self.element_types, strict=True)]
+        tensor = [
+            _tensor_type(s, t) for s, t in zip(self.operand_shapes, self.element_types, strict=True)
+        ]
         args = ", ".join(f"%arg{i}: {tensor[i]}" for i in range(len(tensor) - 1))
         out_t = tensor[-1]
         maps = ", ".join(f"affine_map<{m}>" for m in self.indexing_maps)
@@ -365,7 +396,8 @@ class Problem:
             zero = "0.0" if _is_float(out_elem) else "0"
             n_loops = len(self.loop_sizes)
             iterators = ", ".join(
-                '"reduction"' if i in self._reduction_loops() else '"parallel"' for i in range(n_loops)
+                '"reduction"' if i in self._reduction_loops() else '"parallel"'
+                for i in range(n_loops)
             )
             ins = ", ".join(f"%arg{i}" for i in range(len(tensor) - 1))
             in_types = ", ".join(tensor[:-1])

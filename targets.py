@@ -1,4 +1,4 @@
-"""Target registry: what each compile target is, its flags, its runtime device and its hardware facts.
+"""Target registry: each compile target, its flags, its runtime device and its hardware facts.
 
 GPU facts (subgroup sizes, workgroup memory, compute units, MMA intrinsics) come from IREE's own
 `iree_gpu.TargetInfo` for the target, read from a probe compile; CPU facts come from the executable
@@ -240,11 +240,15 @@ def _probe_cpu(target: Target) -> CpuFacts:
     features_match = re.search(r'cpu_features = "([^"]*)"', text)
     width = re.search(r"native_vector_size = (\d+)", text)
     features = tuple(
-        f[1:] for f in (features_match.group(1).split(",") if features_match else []) if f.startswith("+")
+        f[1:]
+        for f in (features_match.group(1).split(",") if features_match else [])
+        if f.startswith("+")
     )
     # x86 has 32 vector registers with AVX-512 and 16 without; AArch64 has 32.
     registers = 32 if ("avx512f" in features or "neon" in features or "sve" in features) else 16
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )
     return CpuFacts(
         cpu=cpu.group(1) if cpu else "generic",
         native_vector_bytes=int(width.group(1)) if width else 16,

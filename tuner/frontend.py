@@ -2,11 +2,10 @@
 
 Two inputs are accepted:
   (a) a dispatch benchmark dumped by `iree-compile --iree-hal-dump-executable-benchmarks-to=DIR
-      --iree-codegen-add-tuner-attributes` (its root ops carry `root_op` markers), or a directory of them;
-  (b) a model or function in MLIR with linalg ops. It is compiled with the target's flags to
-      `executable-configurations` with tuner attributes, so the root ops found are exactly the ones IREE
-      forms dispatches around and a tuning spec will match.
-Everything is read with IREE's Python bindings (`get_tuner_root_ops`, `infer_contraction_dimensions`,
+      --iree-codegen-add-tuner-attributes`, or a directory of them;
+  (b) a model or function in MLIR with linalg ops, compiled with the target's flags.
+Either way, root ops are read from the IR exactly as IREE's tuning-spec matcher sees it (see
+`_ir_seen_by_tuning_specs`), with IREE's Python bindings (`infer_contraction_dimensions`,
 `infer_convolution_dimensions`, `get_attention_op_detail`), never with regular expressions.
 """
 
@@ -31,11 +30,11 @@ _ATTENTION_OPS = ("iree_linalg_ext.attention", "iree_linalg_ext.online_attention
 def load_problems(path: str | Path, target: Target | str = "host") -> list[Problem]:
     """Every tunable root op (contraction, convolution, attention) in `path`, in file order.
 
-    `target` is used only to form dispatches from a model/function file (input b). Raises `InputError`
-    with a one-line message for a missing file, malformed MLIR, dynamic shapes, or no tunable op.
+    `target` is used only to form dispatches from a model/function file (input b).
+    Raises `InputError` with a one-line message for a missing file, malformed MLIR, dynamic
+    shapes, or no tunable op.
     """
     from iree.compiler import ir
-    from iree.compiler.dialects import iree_codegen
 
     path = Path(path)
     if isinstance(target, str):
@@ -67,6 +66,8 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
                     unsupported.append(op.name)
                 else:
                     problems.append(problem)
+    # Dispatch dumps come in compile order; present them in dispatch-index order instead.
+    problems.sort(key=_dispatch_index)
     if not problems:
         if unsupported:
             names = ", ".join(sorted(set(unsupported)))
@@ -74,7 +75,9 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
                 f"{path}: no tunable root op (found only unsupported ops: {names}); "
                 "dispatchtune tunes contractions, convolutions and attention"
             )
-        raise InputError(f"{path}: no tunable root op found (no linalg contraction, conv or attention)")
+        raise InputError(
+            f"{path}: no tunable root op found (no linalg contraction, conv or attention)"
+        )
     return problems
 
 
@@ -85,6 +88,7 @@ def _parse(text: str, path: Path) -> ir.Module:
         return ir.Module.parse(text)
     except ir.MLIRError as exc:
         detail = " ".join(line.strip() for line in str(exc).splitlines()[1:2]) or str(exc)
+        detail = detail.replace('"-"', str(path))
         raise InputError(f"malformed MLIR in {path}: {detail}") from None
 
 
@@ -138,7 +142,8 @@ def _candidate_root_ops(module: Any) -> list[Any]:
         operation = op.operation
         name = operation.name
         if name in _ATTENTION_OPS or (
-            name.startswith("linalg.") and name not in ("linalg.fill", "linalg.yield", "linalg.index")
+            name.startswith("linalg.")
+            and name not in ("linalg.fill", "linalg.yield", "linalg.index")
         ):
             found.append(operation)
         return ir.WalkResult.ADVANCE
@@ -174,6 +179,11 @@ def _loop_sizes(maps: list[Any], shapes: list[tuple[int, ...]], n_loops: int) ->
     return tuple(sizes)
 
 
+def _dispatch_index(problem: Problem) -> int:
+    match = re.search(r"_dispatch_(\d+)", problem.name)
+    return int(match.group(1)) if match else 0
+
+
 def _function_name(op: Any) -> str:
     parent = op.parent
     while parent is not None and parent.name not in ("func.func", "util.func"):
@@ -195,8 +205,11 @@ def _describe(op: Any, path: Path) -> Problem | None:
         q, k, v, o = maps[0], maps[1], maps[2], maps[4]
         detail = iree_codegen.get_attention_op_detail(q, k, v, o)
         dims = {
-            "batch": detail.batch_dims, "m": detail.m_dims, "n": detail.n_dims,
-            "k1": detail.k1_dims, "k2": detail.k2_dims,
+            "batch": detail.batch_dims,
+            "m": detail.m_dims,
+            "n": detail.n_dims,
+            "k1": detail.k1_dims,
+            "k2": detail.k2_dims,
         }
         values = [op.operands[0], op.operands[1], op.operands[2], op.results[0]]
         operand_maps = [q, k, v, o]
@@ -214,9 +227,12 @@ def _describe(op: Any, path: Path) -> Problem | None:
         kind = "convolution"
         cdims = linalg.infer_convolution_dimensions(op)
         dims = {
-            "batch": cdims.batch, "output_image": cdims.output_image,
-            "output_channel": cdims.output_channel, "filter_loop": cdims.filter_loop,
-            "input_channel": cdims.input_channel, "depth": cdims.depth,
+            "batch": cdims.batch,
+            "output_image": cdims.output_image,
+            "output_channel": cdims.output_channel,
+            "filter_loop": cdims.filter_loop,
+            "input_channel": cdims.input_channel,
+            "depth": cdims.depth,
         }
         operand_maps = [attr.value for attr in linalg.get_indexing_maps(op)]
         values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]

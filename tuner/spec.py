@@ -3,8 +3,8 @@
 A spec is a transform-dialect library in the `iree_codegen.tuning_spec_with_default_entrypoint`
 format: one exact-shape matcher per problem (`transform.iree.match.contraction` / `convolution` /
 `attention` plus `dims_equal` on every dimension class), one `compilation_info` per matched root op,
-and a `__kernel_config` entry point whose `foreach_match` tries every matcher. Specs that do not match
-compile silently with the default configuration, so `applied_configs` reads back what IREE actually
+and a `__kernel_config` entry point whose `foreach_match` tries every matcher. Specs that do not
+match compile silently with the default configuration, so `applied_configs` reads back what IREE actually
 used.
 """
 
@@ -53,7 +53,9 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                 "apply_op_config", [any_op, any_param], [], arg_attrs=[readonly, readonly]
             )
             with ir.InsertionPoint(apply.body):
-                transform.AnnotateOp(apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0])
+                transform.AnnotateOp(
+                    apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0]
+                )
                 transform.YieldOp([])
             for (problem, config), name in zip(entries, names, strict=True):
                 matcher = transform.NamedSequenceOp(
@@ -70,14 +72,19 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                     param = transform.ParamConstantOp(any_param, attr)
                     transform.YieldOp([matcher.bodyTarget, param.result])
             entry = transform.NamedSequenceOp(
-                "__kernel_config", [any_op], [any_op],
+                "__kernel_config",
+                [any_op],
+                [any_op],
                 arg_attrs=[{"transform.consumed": ir.UnitAttr.get()}],
             )
             entry.operation.attributes["iree_codegen.tuning_spec_entrypoint"] = ir.UnitAttr.get()
             with ir.InsertionPoint(entry.body):
                 if names:
                     matched = transform.ForeachMatchOp(
-                        any_op, [], entry.bodyTarget, [],
+                        any_op,
+                        [],
+                        entry.bodyTarget,
+                        [],
                         names,
                         ["apply_op_config"] * len(names),
                     )
@@ -95,7 +102,10 @@ def _emit_match(problem: Problem, handle: Any) -> None:
     from iree.compiler.dialects import preprocessing_transform as pt
 
     types = [ir.Type.parse(t) for t in problem.element_types]
-    maps = [ir.AffineMapAttr(ir.Attribute.parse(f"affine_map<{m}>")).value for m in problem.indexing_maps]
+    maps = [
+        ir.AffineMapAttr(ir.Attribute.parse(f"affine_map<{m}>")).value
+        for m in problem.indexing_maps
+    ]
     if problem.kind == "contraction":
         dims = pt.MatchContractionOp(handle, types[0], types[1], types[2], maps).results
         expected = [problem.sizes(c) for c in DIM_CLASSES["contraction"]]
@@ -117,23 +127,28 @@ def _emit_match(problem: Problem, handle: Any) -> None:
 def merge_specs(specs: Sequence[str]) -> str:
     """Link several specs (e.g. a user's starter spec and ours) into one, with IREE's linker.
 
-    Earlier specs take precedence where several match the same op, like IREE's own linking.
+    Every matcher is kept, in the order the specs are given.
     """
     if not specs:
         return tuning_spec([])
     if len(specs) == 1:
         return specs[0]
-    body = []
-    for i, spec in enumerate(specs):
-        inner = spec.strip()
-        # Nest each spec as a named module; the linker merges their `__kernel_config` entry points.
-        inner = re.sub(r"^module\b", f"module @spec_{i}", inner, count=1)
-        body.append(inner)
-    container = (
-        "module attributes {transform.with_named_sequence} {\n" + "\n".join(body) + "\n}\n"
-    )
+    from iree.compiler import ir
+
+    with ir.Context(), ir.Location.unknown():
+        container = ir.Module.create()
+        container.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+        for i, text in enumerate(specs):
+            try:
+                module = ir.Module.parse(text)
+            except ir.MLIRError as exc:
+                raise DispatchTuneError(f"invalid tuning spec #{i}: {_mlir_error(exc)}") from None
+            # Nest each spec as a named module; the linker merges their `__kernel_config`s.
+            nested = module.operation.clone(ip=ir.InsertionPoint(container.body))
+            nested.attributes["sym_name"] = ir.StringAttr.get(f"spec_{i}")
+        container_text = str(container)
     proc = run_tool(
-        "iree-opt", ["-", "--iree-codegen-link-tuning-specs", "-o", "-"], input_text=container
+        "iree-opt", ["-", "--iree-codegen-link-tuning-specs", "-o", "-"], input_text=container_text
     )
     if proc.returncode != 0:
         raise DispatchTuneError(f"linking tuning specs failed: {first_error_line(proc.stderr)}")
@@ -156,7 +171,9 @@ def check_spec(text: str) -> None:
             )
 
 
-def applied_configs(mlir_path: str | Path, target: Target, spec_path: str | Path | None) -> list[str]:
+def applied_configs(
+    mlir_path: str | Path, target: Target, spec_path: str | Path | None
+) -> list[str]:
     """The configuration IREE applies to each root op of `mlir_path` with this spec.
 
     Compiles to `executable-configurations` (about 0.3 s) and returns, per root op, a
@@ -190,7 +207,9 @@ def applied_configs(mlir_path: str | Path, target: Target, spec_path: str | Path
             if func is None:
                 configs.append("")
                 continue
-            info = iree_codegen.CompilationInfoAttr.get(lowering, func.attributes["translation_info"])
+            info = iree_codegen.CompilationInfoAttr.get(
+                lowering, func.attributes["translation_info"]
+            )
             configs.append(str(info))
     return configs
 
@@ -202,7 +221,7 @@ def _configured_root_ops(module: Any) -> list[Any]:
     by a tuning spec loses the marker, so tunable kinds are recognised with the linalg bindings.
     """
     from iree.compiler import ir
-    from iree.compiler.dialects import iree_codegen, linalg
+    from iree.compiler.dialects import linalg
 
     found: list[Any] = []
 
@@ -210,7 +229,7 @@ def _configured_root_ops(module: Any) -> list[Any]:
         operation = op.operation
         if "lowering_config" in operation.attributes and (
             "root_op" in operation.attributes
-            or operation.name.startswith("iree_linalg_ext.") and "attention" in operation.name
+            or (operation.name.startswith("iree_linalg_ext.") and "attention" in operation.name)
             or linalg.isa_contraction_op(operation)
             or linalg.isa_convolution_op(operation)
         ):
@@ -218,7 +237,6 @@ def _configured_root_ops(module: Any) -> list[Any]:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    del iree_codegen  # imported for its dialect registration side effects only
     return found
 
 
