@@ -5,9 +5,15 @@ Data flows one way: `tuner` (IREE side) -> `search` (Z3 enumeration, ordering) -
 `problem`/`targets` the shared vocabulary.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from dispatchtune.errors import DispatchTuneError, InputError, TargetError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target, get_target, list_targets
+from dispatchtune.tuner.frontend import load_problems
+
+if TYPE_CHECKING:
+    from dispatchtune.costmodel.rank import rank
 
 __version__ = "0.1.0"
 
@@ -25,12 +31,8 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    # Lazy: loading problems imports IREE's compiler bindings; `import dispatchtune` stays cheap.
-    if name == "load_problems":
-        from dispatchtune.tuner.frontend import load_problems
-
-        return load_problems
+def __getattr__(name: str) -> Any:
+    # Lazy: ranking imports pandas and the cost models; `import dispatchtune` stays cheap.
     if name == "rank":
         from dispatchtune.costmodel.rank import rank
 
