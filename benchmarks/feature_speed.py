@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.features import ProblemScalars, TargetScalars, features_frame
 from dispatchtune.problem import Problem
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.errors import InputError
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.costmodel.heuristic import HeuristicModel
 from dispatchtune.errors import InputError
@@ -31,8 +32,9 @@ def rank(
     `candidates` is a `CandidateSet` (its `.problem`, `.target`, `.table` are used) or a DataFrame
     with `problem` and `target` given. The result keeps every column, adds `candidate_id` (the
     row's position in the input, unless the table already has one) and `score`, and has a fresh
-    0..n-1 index. `order="random"` is the seeded baseline (a uniform random permutation);
-    `model` replaces the heuristic by any `CostModel` (e.g. a learned one).
+    0..n-1 index. `order="random"` is the seeded baseline (a uniform random permutation); the
+    heuristic breaks score ties with the same seeded draw. `model` replaces the heuristic by any
+    `CostModel` (e.g. a learned one).
     """
     if order not in ORDERS:
         raise InputError(f"unknown order {order!r}; choose one of: {', '.join(ORDERS)}")
@@ -61,7 +63,11 @@ def rank(
         features = extract_features(problem, target, table)
         chosen = model if model is not None else HeuristicModel()
         scores = np.asarray(chosen.predict(features), dtype=np.float64)
-        positions = chosen.rank(features)
+        # Ties are broken by a seeded random draw, not by enumeration order: solver order
+        # clusters similar candidates, so a tied block in that order can hide the good ones.
+        tiebreak = np.random.default_rng(seed).random(len(table))
+        keyed = np.where(np.isnan(scores), -np.inf, scores)
+        positions = np.lexsort((tiebreak, -keyed))
     ranked = table.iloc[positions].copy()
     ranked["score"] = scores[positions]
     return ranked.reset_index(drop=True)

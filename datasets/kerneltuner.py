@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.features.extract import ProblemScalars, TargetScalars, features_frame
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.errors import InputError
 
 if TYPE_CHECKING:

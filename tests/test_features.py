@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import dispatchtune.features.extract as extract_module
 import numpy as np
 import pandas as pd
 import pytest
+
+import dispatchtune.features.extract as extract_module
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import (
     FEATURE_NAMES,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from dispatchtune.datasets.kerneltuner import device_facts, load_kerneltuner
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import FEATURE_NAMES
