@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dispatchtune.datasets.records import (
     BASELINE_ID,
     ResultRecord,
@@ -271,8 +272,10 @@ class _DispatchTuner:
         spec = None  # the compiler default: no spec at all
         ctx = self._context()
         self.baseline_vmfb = directory / "dispatch.vmfb"
+        # The default build must succeed whatever the per-candidate timeout is.
+        generous = max(self.options.compile_timeout_s, 300.0)
         result = compile_module(ctx, self.prepared.benchmark, spec, self.baseline_vmfb,
-                                with_target_flags=False)
+                                with_target_flags=False, timeout_s=generous)
         if not result.ok:
             raise DispatchTuneError(
                 f"the compiler-default build of {self.problem.key} {result.status}: {result.error}"
@@ -299,7 +302,9 @@ class _DispatchTuner:
             self.verify_note = f"no random inputs for {'/'.join(self.problem.element_types)}"
             return
         func_vmfb = directory / "function.vmfb"
-        built = compile_module(ctx, function, spec, func_vmfb, with_target_flags=True)
+        built = compile_module(
+            ctx, function, spec, func_vmfb, with_target_flags=True, timeout_s=generous
+        )
         if not built.ok:
             self.verify_note = f"function-level default build {built.status}: {built.error}"
             return

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.datasets.records import records_frame
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from dispatchtune.problem import Problem
 from dispatchtune.toolchain import tool_path
 from dispatchtune.tuner.process import ProcessResult, run_process

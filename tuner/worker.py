@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
@@ -124,7 +125,13 @@ def build_spec(problem: Problem, compilation_info: str) -> str:
 
 
 def compile_module(
-    ctx: CompileContext, source: Path, spec: Path | None, out: Path, *, with_target_flags: bool
+    ctx: CompileContext,
+    source: Path,
+    spec: Path | None,
+    out: Path,
+    *,
+    with_target_flags: bool,
+    timeout_s: float | None = None,
 ) -> ProcessResult:
     """`iree-compile source -o out` with the spec (`None`: the compiler default).
 
@@ -136,7 +143,7 @@ def compile_module(
         flags.append(f"{ctx.target.tuning_spec_flag}={spec}")
     command = [tool_path("iree-compile"), str(source), *flags, "-o", str(out)]
     with ctx.slots.hold(1):
-        result = run_process(command, ctx.timeout_s)
+        result = run_process(command, timeout_s or ctx.timeout_s)
     if result.ok and (not out.exists() or out.stat().st_size == 0):
         return ProcessResult(
             "failed", result.returncode, result.stdout, result.stderr, result.elapsed_s,
@@ -146,7 +153,18 @@ def compile_module(
 
 
 def compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutcome:
-    """Spec -> dispatch binary -> applied-config check -> dedup -> function binary."""
+    """Spec -> dispatch binary -> applied-config check -> dedup -> function binary.
+
+    Never raises for a candidate's own problems: they become its status (`error` for anything
+    unexpected), so one bad candidate cannot stop the run.
+    """
+    try:
+        return _compile_candidate(ctx, candidate)
+    except Exception as exc:
+        return CompileOutcome(candidate, "error", f"{type(exc).__name__}: {exc}".splitlines()[0])
+
+
+def _compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutcome:
     directory = ctx.work_dir / f"c{candidate.candidate_id}"
     directory.mkdir(parents=True, exist_ok=True)
     try:

@@ -1,0 +1,184 @@
+"""The real tuning loop on the CPU: spec applied, results logged, failures kept, kill + resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dispatchtune.cli import main as cli_main
+from dispatchtune.datasets.records import CorruptRecordWarning, read_records
+from dispatchtune.targets import get_target
+from dispatchtune.tuner.loop import TuneOptions, tune
+from dispatchtune.tuner.spec import applied_configs, config_applied
+from dispatchtune.tuner.worker import Candidate
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
+HOST = get_target("host")
+
+
+def cpu_config(dist: tuple[int, int], vec: tuple[int, int], red: int) -> str:
+    return (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        f"distribution = [{dist[0]}, {dist[1]}, 0], vector_common_parallel = [{vec[0]}, {vec[1]}, 0],"
+        f" vector_reduction = [0, 0, {red}]>, translation_info = #iree_codegen.translation_info<"
+        "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+
+
+GPU_CONFIG = (
+    "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{reduction = "
+    "[0, 0, 8], thread = [1, 4, 0], workgroup = [32, 64, 0]}>, translation_info = "
+    "#iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<TileAndFuse> "
+    "workgroup_size = [64, 1, 1] subgroup_size = 64>>"
+)
+
+
+def candidates() -> list[Candidate]:
+    """Good configs with deliberately failing ones among them (ids as in an enumeration)."""
+    configs = [
+        ("bad: 64x64 vectors", cpu_config((64, 64), (64, 64), 64)),  # "large vector sizes"
+        ("good", cpu_config((32, 64), (8, 16), 8)),
+        ("gpu config on llvm-cpu", GPU_CONFIG),  # "failed to build pass pipeline"
+        ("good", cpu_config((64, 64), (16, 16), 1)),
+        ("good", cpu_config((32, 32), (8, 32), 4)),
+        ("good", cpu_config((128, 128), (4, 32), 2)),
+    ]
+    return [
+        Candidate(10 + i, info, "DoubleTilingExpert", {"label": label}, rank=i)
+        for i, (label, info) in enumerate(configs)
+    ]
+
+
+FAST = {"repetitions": 3, "min_time_s": 0.01, "progress": False}
+
+
+def test_loop_logs_every_outcome_and_writes_an_applied_spec(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    options = TuneOptions(budget=2, baseline_every=1, min_speedup=0.0, **FAST)  # type: ignore[arg-type]
+    result = tune(FIXTURE, HOST, out, options, candidates=candidates())
+    records = list(read_records(out / "results.jsonl"))
+    by_id = {r["candidate_id"]: r for r in records if r["kind"] == "candidate"}
+    baselines = [r for r in records if r["kind"] == "baseline"]
+
+    # Start, after each benchmark (baseline_every=1) and at the end: drift is visible.
+    assert len(baselines) >= 3
+    assert all(len(b["times_ms"]) == 3 and b["candidate_id"] == -1 for b in baselines)
+    assert baselines[0]["compilation_info"].startswith("#iree_codegen.compilation_info")
+
+    bad, gpu = by_id[10], by_id[12]
+    assert bad["compile_status"] == "failed" and "large vector sizes" in bad["compile_error"]
+    assert gpu["compile_status"] == "failed" and "pass pipeline" in gpu["compile_error"]
+    assert bad["times_ms"] == [] and bad["bench_status"] == "skipped"
+
+    benched = [r for r in by_id.values() if r["bench_status"] == "ok"]
+    assert len(benched) == 2  # the budget counts benchmarks, not failures
+    for record in benched:
+        assert record["compile_status"] == "ok" and len(record["binary_sha256"]) == 64
+        assert len(record["times_ms"]) == 3 and len(record["baseline_times_ms"]) == 3
+        assert record["verify_status"] == "ok" and record["max_abs_error"] < 1e-3
+        assert record["iree_version"] and record["device"] == "local-sync"
+
+    # The spec holds the best candidate, and IREE really applies it to the dispatch.
+    best = result.summaries[0].best
+    assert best is not None and best["candidate_id"] in {r["candidate_id"] for r in benched}
+    assert result.spec_path is not None and result.spec_path.exists()
+    applied = applied_configs(FIXTURE, HOST, result.spec_path)
+    assert any(config_applied(best["compilation_info"], a) for a in applied)
+    summary = (out / "summary.md").read_text()
+    assert "compile failed" in summary and "speedup" in summary
+    assert (out / "progress.png").stat().st_size > 1000
+    assert "best: candidate" in result.text
+
+
+def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    config = cpu_config((32, 64), (8, 16), 8)
+    # The same configuration spelled differently builds a byte-identical binary.
+    cands = [Candidate(1, config), Candidate(2, config.replace(", ", ",  "))]
+    options = TuneOptions(budget=2, verify=False, **FAST)  # type: ignore[arg-type]
+    tune(FIXTURE, HOST, out, options, candidates=cands)
+    records = {r["candidate_id"]: r for r in read_records(out / "results.jsonl")
+               if r["kind"] == "candidate"}
+    statuses = sorted(r["compile_status"] for r in records.values())
+    assert statuses == ["duplicate", "ok"]
+    dup = next(r for r in records.values() if r["compile_status"] == "duplicate")
+    assert dup["duplicate_of"] in (1, 2) and dup["times_ms"] == []
+
+    timed = tmp_path / "timeout"
+    tune(FIXTURE, HOST, timed, TuneOptions(budget=1, compile_timeout_s=0.05, verify=False,
+                                           **FAST),  # type: ignore[arg-type]
+         candidates=[Candidate(5, cpu_config((32, 32), (8, 32), 4))])
+    (record,) = [r for r in read_records(timed / "results.jsonl") if r["kind"] == "candidate"]
+    assert record["compile_status"] == "timeout" and "timed out" in record["compile_error"]
+
+
+_KILLABLE = """
+import sys
+sys.path.insert(0, {tests!r})
+from test_tuner_loop import candidates, FIXTURE, HOST, FAST
+from dispatchtune.tuner.loop import TuneOptions, tune
+try:
+    tune(FIXTURE, HOST, {out!r}, TuneOptions(budget=4, baseline_every=2, **FAST),
+         candidates=candidates())
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_kill_and_resume_loses_nothing_and_remeasures_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    results = out / "results.jsonl"
+    script = _KILLABLE.format(tests=str(Path(__file__).parent), out=str(out))
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and sum(
+            '"kind": "candidate"' in line and '"bench_status": "ok"' in line
+            for line in results.read_text().splitlines()
+        ) >= 1:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+    before = [json.loads(line) for line in results.read_text().splitlines()]
+    measured_before = {r["candidate_id"]: r["timestamp"] for r in before
+                       if r["kind"] == "candidate"}
+    assert 1 <= len(measured_before) < len(candidates())
+
+    with results.open("a") as handle:
+        handle.write("{this line was corrupted\n")
+    bad_line = len(before) + 1
+    options = TuneOptions(budget=4, baseline_every=2, **FAST)  # type: ignore[arg-type]
+    with pytest.warns(CorruptRecordWarning, match=rf"results\.jsonl:{bad_line}: corrupt record"):
+        tune(FIXTURE, HOST, out, options, candidates=candidates())
+    with pytest.warns(CorruptRecordWarning):
+        after = [r for r in read_records(results) if r["kind"] == "candidate"]
+    ids = [r["candidate_id"] for r in after]
+    assert len(ids) == len(set(ids)), "a candidate was tried twice"
+    for cid, stamp in measured_before.items():  # kept as they were, not re-measured
+        assert next(r["timestamp"] for r in after if r["candidate_id"] == cid) == stamp
+    assert sum(r["bench_status"] == "ok" for r in after) == 4
+    assert {r["candidate_id"] for r in after} == {c.candidate_id for c in candidates()}
+
+    # A third run with the same budget has nothing left to do and measures nothing.
+    size = results.stat().st_size
+    with pytest.warns(CorruptRecordWarning):
+        tune(FIXTURE, HOST, out, options, candidates=candidates())
+    assert results.stat().st_size == size
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli_main(["tune", str(tmp_path / "missing.mlir"), "--output-dir", str(tmp_path)])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("dispatchtune: error:") and "\n" not in err
+    code = cli_main(["tune", str(FIXTURE), "--output-dir", str(tmp_path), "--budget", "0"])
+    assert code == 2 and "--budget" in capsys.readouterr().err
