@@ -119,7 +119,12 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "resident subgroups / (SIMDs * 8); workgroups resident = min(by registers "
         "(acc_registers + 32 per thread), by shared memory, by thread slots)",
     ),
-    FeatureSpec("load_vector_bytes", "bytes", "mean bytes per vectorised global load (A and B)"),
+    FeatureSpec(
+        "load_vector_bytes",
+        "bytes",
+        "(min(16, lvm*a) + min(16, lvn*b)) / 2, lvm/lvn = elements per vectorised load of A/B "
+        "(default: 128-bit loads)",
+    ),
     FeatureSpec("prefetch_stages", "count", "software pipelining stages (0/1 = none)"),
     # ---- CPU ----
     FeatureSpec(
