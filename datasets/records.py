@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+
 from dispatchtune.errors import DispatchTuneError
 
 SCHEMA_PREFIX = "dispatchtune.result/"

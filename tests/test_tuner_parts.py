@@ -68,7 +68,7 @@ def test_fill_is_inserted_after_the_buffer_store_and_the_file_still_compiles(
 
 
 def test_fill_refuses_a_file_without_a_buffer_initializer() -> None:
-    with pytest.raises(InputError, match="no util.initializer allocating a buffer"):
+    with pytest.raises(InputError, match=r"no util\.initializer allocating a buffer"):
         add_buffer_fill(FIXTURE.read_text())
 
 
