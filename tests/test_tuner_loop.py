@@ -112,11 +112,16 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     assert dup["duplicate_of"] in (1, 2) and dup["times_ms"] == []
 
     timed = tmp_path / "timeout"
-    tune(FIXTURE, HOST, timed, TuneOptions(budget=1, compile_timeout_s=0.05, verify=False,
+    result = tune(FIXTURE, HOST, timed, TuneOptions(budget=1, compile_timeout_s=0.05, verify=False,
                                            **FAST),  # type: ignore[arg-type]
          candidates=[Candidate(5, cpu_config((32, 32), (8, 32), 4))])
     (record,) = [r for r in read_records(timed / "results.jsonl") if r["kind"] == "candidate"]
     assert record["compile_status"] == "timeout" and "timed out" in record["compile_error"]
+    # Nothing beat the default: the spec, if any, configures nothing, and the summary says so.
+    assert "No candidate beat the compiler default" in (timed / "summary.md").read_text()
+    assert result.summaries[0].best is None and "compile timeout 1" in result.text
+    if result.spec_path is not None:
+        assert "compilation_info" not in result.spec_path.read_text()
 
 
 _KILLABLE = """

@@ -88,7 +88,9 @@ class TuneOptions:
     check_applied: bool = True
     seed: int = 0
     max_attempts: int = 0  # candidates tried per dispatch; 0 = 4 x budget + 8
-    min_speedup: float = 1.0  # the best candidate enters the spec only above this speedup
+    # The best candidate enters the spec only above this speedup over the default: 2% is about
+    # the run-to-run variation of a local-sync benchmark here, so smaller gains are not real.
+    min_speedup: float = 1.02
     keep_binaries: bool = False
     progress: bool | None = None  # None: show a progress bar when stderr is a terminal
 

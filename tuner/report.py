@@ -1,12 +1,12 @@
 """End of a tuning run: pick the best candidates, write the spec, `summary.md` and the plot.
 
 The best candidate of a dispatch is the verified (or unverifiable, never mismatching) candidate
-with the highest speedup over the compiler default, each candidate normalised by the baseline
-measured nearest before it on its device. It enters `tuning_spec.mlir` only when that speedup
-exceeds `min_speedup` (1.0: it beats the default). When no dispatch has such a candidate the spec
-is still written, empty: a valid spec that keeps every default, so a build script can always pass
-it. The summary says which case happened.
-"""
+with the highest speedup over the compiler default, each candidate normalised by the mean of the
+baselines measured just before and just after it on its device. It enters `tuning_spec.mlir` only
+when that speedup exceeds `min_speedup` (default 1.02: it beats the default by more than the
+noise). When no dispatch has such a candidate, the spec written is an empty one that keeps every
+default (so a build script can always pass it); if the spec builder cannot build an empty spec, no
+spec file is written. The summary and the printed report say which case happened."""
 
 from __future__ import annotations
 

@@ -60,6 +60,11 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-verify", action="store_true", help="do not compare outputs with the default build"
     )
+    parser.add_argument(
+        "--min-speedup", type=float, default=1.02,
+        help="speedup over the default a candidate needs to enter the spec (default 1.02: above "
+        "the ~2%% run-to-run noise of local-sync)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for random order and inputs")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
@@ -85,6 +90,7 @@ def run_tune(args: argparse.Namespace) -> int:
         benchmark_timeout_s=args.benchmark_timeout,
         verify=not args.no_verify,
         seed=args.seed,
+        min_speedup=args.min_speedup,
         progress=False if args.no_progress else None,
     )
     if not args.file.exists():
