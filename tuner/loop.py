@@ -92,7 +92,7 @@ class TuneOptions:
     # the run-to-run variation of a local-sync benchmark here, so smaller gains are not real.
     min_speedup: float = 1.02
     keep_binaries: bool = False
-    progress: bool | None = None  # None: show a progress bar when stderr is a terminal
+    progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
     def validate(self) -> None:
         if self.budget < 1:
@@ -479,7 +479,7 @@ class _DispatchTuner:
                         exhausted = True
                         break
                     compiles[compile_pool.submit(compile_candidate, ctx, candidate)] = candidate
-                if not compiles and not benches:
+                if not benches and (not compiles or self.benchmarked >= budget):
                     break
                 done, _ = wait([*compiles, *benches], return_when=FIRST_COMPLETED)
                 for future in done:
@@ -489,7 +489,7 @@ class _DispatchTuner:
                         assert isinstance(compiled, CompileOutcome)
                         if compiled.status != "ok":
                             self._record_compile_only(compiled)
-                            progress.note_failure(compiled.status)
+                            progress.note_compile(compiled.status)
                         elif self.benchmarked + len(benches) < budget:
                             job = bench_pool.submit(self._bench_job, compiled, free)
                             benches[job] = compiled
@@ -511,6 +511,12 @@ class _DispatchTuner:
                                 f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "
                                 f"of {self.problem.key}: {bench.verify_error}"
                             )
+            # Budget spent: builds still running cannot be used; stop them (not recorded, so a
+            # later run with a larger budget builds them again).
+            for future in compiles:
+                future.cancel()
+            kill_children()
+            compile_pool.shutdown(wait=True, cancel_futures=True)
             # Close with a baseline on every device so that drift over the run is visible.
             for device in self.devices:
                 if device.since_baseline:
@@ -527,37 +533,50 @@ class _DispatchTuner:
 
 
 class _Progress:
-    """tqdm bar over benchmarks of one dispatch, with the best speedup so far."""
+    """Progress of one dispatch: a tqdm bar on a terminal, else one stderr line per result."""
 
-    def __init__(self, total: int, initial: int, desc: str, enabled: bool) -> None:
+    def __init__(self, total: int, initial: int, desc: str, mode: str) -> None:
         from tqdm import tqdm
 
+        self.mode = mode  # bar | lines | off
+        self.total, self.done, self.desc = total, min(initial, total), desc
         self.bar = tqdm(
-            total=total, initial=min(initial, total), desc=desc, unit="bench",
-            disable=not enabled, file=sys.stderr, dynamic_ncols=True, leave=True,
+            total=total, initial=self.done, desc=desc, unit="bench",
+            disable=mode != "bar", file=sys.stderr, dynamic_ncols=True, leave=True,
         )
         self.best = 0.0
         self.failures = 0
-        self.enabled = enabled
 
-    def note_failure(self, status: str) -> None:
-        self.failures += 1
+    def note_compile(self, status: str) -> None:
+        if status != "duplicate":
+            self.failures += 1
         self._postfix()
 
     def note_bench(self, bench: _BenchOutcome) -> None:
+        speedup = float("nan")
         if bench.times_ms and bench.baseline_times_ms and bench.verify_status != "mismatch":
             speedup = float(np.median(bench.baseline_times_ms) / np.median(bench.times_ms))
             self.best = max(self.best, speedup)
         if bench.status != "ok":
             self.failures += 1
+        self.done += 1
         self.bar.update(1)
         self._postfix()
+        if self.mode == "lines":
+            took = f"{np.median(bench.times_ms):.3f} ms" if bench.times_ms else bench.status
+            print(
+                f"[{self.done}/{self.total}] {self.desc} candidate "
+                f"{bench.compiled.candidate.candidate_id}: {took} {speedup:.3f}x "
+                f"(verify {bench.verify_status}; best {self.best:.3f}x, failed {self.failures})",
+                file=sys.stderr, flush=True,
+            )
 
     def _postfix(self) -> None:
         self.bar.set_postfix(best=f"{self.best:.3f}x", failed=self.failures, refresh=False)
 
     def write(self, text: str) -> None:
-        self.bar.write(text, file=sys.stderr)
+        if self.mode != "off":
+            self.bar.write(text, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()
@@ -606,7 +625,10 @@ def tune(
     log = ResultsLog(results_path)
     work = out / "work"
     session = uuid.uuid4().hex[:12]
-    enabled = sys.stderr.isatty() if options.progress is None else options.progress
+    if options.progress is None:
+        mode = "bar" if sys.stderr.isatty() else "lines"
+    else:
+        mode = "bar" if options.progress else "off"
     with _sigterm_as_interrupt():
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
@@ -620,7 +642,7 @@ def tune(
                 dispatch, target, options, log, history, session, work / dispatch.problem.key
             )
             progress = _Progress(
-                options.budget, tuner.benchmarked, dispatch.problem.key[:40], enabled
+                options.budget, tuner.benchmarked, dispatch.problem.key[:40], mode
             )
             try:
                 tuner.run(ordered, progress)

@@ -11,6 +11,7 @@ spec file is written. The summary and the printed report say which case happened
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ class DispatchSummary:
     problem: Problem
     benchmarked: int = 0
     failures: dict[str, int] = field(default_factory=dict)
+    reasons: dict[str, int] = field(default_factory=dict)  # most common error messages
     duplicates: int = 0
     miscompiles: list[int] = field(default_factory=list)
     best: dict[str, Any] | None = None
@@ -43,6 +45,15 @@ class DispatchSummary:
     baseline_ms: list[float] = field(default_factory=list)  # median of each baseline measurement
     in_spec: bool = False
     frame: pd.DataFrame | None = None
+
+
+_LOCATION = re.compile(r"^\S+:\d+:\d+:\s*")
+
+
+def _reason(message: str) -> str:
+    """An error line without its `file:line:col:` prefix, shortened, for grouping failures."""
+    text = _LOCATION.sub("", message.strip())
+    return text[:120] or "no message"
 
 
 def _median(values: Any) -> float:
@@ -110,6 +121,15 @@ def summarize(
         "benchmark " + failed["bench_status"].astype(str),
     )
     summary.failures = {str(k): int(v) for k, v in pd.Series(reasons).value_counts().items()}
+    messages = np.where(
+        failed["compile_status"] != "ok",
+        failed["compile_error"].astype(str),
+        failed["bench_error"].astype(str),
+    )
+    summary.reasons = {
+        str(k): int(v)
+        for k, v in pd.Series([_reason(m) for m in messages]).value_counts().head(5).items()
+    }
     summary.duplicates = int((frame["compile_status"] == "duplicate").sum())
     summary.miscompiles = [
         int(c) for c in frame.loc[frame["verify_status"] == "mismatch", "candidate_id"]
@@ -145,6 +165,8 @@ def describe(summary: DispatchSummary) -> list[str]:
             ", ".join(f"{k} {v}" for k, v in sorted(summary.failures.items())) or "none"
         )
     )
+    for reason, count in summary.reasons.items():
+        lines.append(f"    {count} x {reason}")
     if summary.baseline_ms:
         drift = summary.baseline_ms
         lines.append(
