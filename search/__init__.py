@@ -1,1 +1,59 @@
-"""dispatchtune.search"""
+"""dispatchtune.search: exact enumeration of every valid configuration of a dispatch.
+
+GPU spaces come from IREE's own SMT constraints, CPU spaces from our Z3 model of llvm-cpu
+(`search/cpu.py`); both are solved by the columnar engine (`search/engine.py`). Importing this
+package is cheap: IREE and Z3 load on first use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dispatchtune.problem import Problem
+    from dispatchtune.search.space import CandidateSet
+    from dispatchtune.targets import Target
+
+__all__ = ["CandidateSet", "enumerate_candidates"]
+
+
+def __getattr__(name: str) -> object:
+    # Lazy: the table type pulls in pandas, which `import dispatchtune.search` should not.
+    if name == "CandidateSet":
+        from dispatchtune.search.space import CandidateSet
+
+        return CandidateSet
+    raise AttributeError(f"module 'dispatchtune.search' has no attribute {name!r}")
+
+
+def enumerate_candidates(
+    problem: Problem,
+    target: Target | str,
+    pipeline: str | None = None,
+    limit: int | None = None,
+    *,
+    extra_knobs: Mapping[str, Sequence[int]] | None = None,
+) -> CandidateSet:
+    """Every valid configuration of `problem` on `target`, as a `CandidateSet`.
+
+    `pipeline` restricts to one pipeline ("TileAndFuse", "VectorDistribute", "DoubleTilingExpert",
+    "ConvTileAndDecomposeExpert"); `limit` keeps the first N rows of the deterministic order.
+    `extra_knobs` (GPU) turns knobs IREE's constraints fix into explicit dimensions, e.g.
+    `{"prefetch_num_stages": (1, 2, 3)}`.
+    """
+    from dispatchtune.errors import DispatchTuneError
+    from dispatchtune.targets import get_target
+
+    resolved = get_target(target) if isinstance(target, str) else target
+    if limit is not None and limit < 0:
+        raise DispatchTuneError(f"limit must be >= 0, got {limit}")
+    if resolved.is_gpu:
+        from dispatchtune.search.gpu import enumerate_gpu
+
+        return enumerate_gpu(problem, resolved, pipeline, limit, extra_knobs)
+    if extra_knobs:
+        raise DispatchTuneError("extra_knobs applies to GPU targets only")
+    from dispatchtune.search.cpu import enumerate_cpu
+
+    return enumerate_cpu(problem, resolved, pipeline, limit)

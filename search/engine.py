@@ -26,6 +26,7 @@ propagation proved every divisor nonzero (then no row is ever flagged).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -163,7 +164,8 @@ class ConstraintSystem:
                 for name in self.variables:
                     if name in assigned:
                         continue
-                    done = sum(1 for c in remaining if name in c.vars and c.vars <= assigned | {name})
+                    with_name = assigned | {name}
+                    done = sum(1 for c in remaining if name in c.vars and c.vars <= with_name)
                     lo, hi = self.bounds[name]
                     key = (-done, hi - lo, name)
                     if best is None or key < best:
@@ -210,8 +212,9 @@ class ConstraintSystem:
             step = max((position[v] for v in constraint.vars), default=0)
             checks[step].append(constraint)
         domains = {
-            name: np.arange(int(self.bounds[name][0]), int(self.bounds[name][1]) + 1, dtype=np.int64)
+            name: np.arange(int(lo), int(hi) + 1, dtype=np.int64)
             for name in enumerated
+            for lo, hi in [self.bounds[name]]
         }
         start: Columns = {_UNDECIDED: np.zeros(1, dtype=bool)}
         for chunk in self._extend(start, 1, 0, order, checks, domains, chunk_rows):
@@ -422,7 +425,7 @@ def _reduce(fn: Callable[[Any, Any], Any]) -> Callable[[list[Any], _Node], Any]:
 def _chain(fn: Callable[[Any, Any], Any]) -> Callable[[list[Any], _Node], Any]:
     def apply(values: list[Any], _: _Node) -> Any:
         out: Any = True
-        for a, b in zip(values, values[1:], strict=False):
+        for a, b in itertools.pairwise(values):
             out = out & fn(a, b)
         return out
 
@@ -615,7 +618,9 @@ def _minus(x: float, y: float) -> float:
     return x - y
 
 
-def _narrow_factor(node: _Node, rest: Interval, lo: float, hi: float, b: dict[str, Interval]) -> None:
+def _narrow_factor(
+    node: _Node, rest: Interval, lo: float, hi: float, b: dict[str, Interval]
+) -> None:
     """x * p in [lo, hi] with p in `rest`; only narrows when p has a fixed sign."""
     plo, phi = rest
     if plo <= 0 <= phi:

@@ -1,0 +1,84 @@
+"""`dispatchtune candidates`: print every enumerated configuration of a dispatch."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from dispatchtune.errors import DispatchTuneError, InputError
+
+_SUMMARY = ("pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "candidates",
+        help="enumerate every valid configuration of a dispatch (Z3, exact)",
+        description=(
+            "Enumerate the search space of the root op in FILE: GPU spaces from IREE's own SMT "
+            "constraints, CPU spaces from dispatchtune's Z3 model. Prints a table, or JSON lines "
+            "with rank, pipeline, knobs and compilation_info."
+        ),
+    )
+    parser.add_argument("file", help="MLIR input (model, function or dumped dispatch benchmark)")
+    parser.add_argument("--target", required=True, help="host, gfx942, mi300x, gfx1100, sm_80")
+    parser.add_argument("--pipeline", default=None, help="restrict to one pipeline")
+    parser.add_argument("--limit", type=int, default=None, help="print only the first N")
+    parser.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    parser.add_argument(
+        "--op-index", type=int, default=None, help="which root op when FILE has several"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dispatchtune import load_problems
+    from dispatchtune.search import enumerate_candidates
+    from dispatchtune.targets import get_target
+
+    target = get_target(args.target)
+    if args.limit is not None and args.limit < 0:
+        raise InputError(f"--limit must be >= 0, got {args.limit}")
+    problems = load_problems(args.file, target)
+    if not problems:
+        raise InputError(f"{args.file}: no tunable root op found")
+    if args.op_index is None:
+        if len(problems) > 1:
+            raise InputError(
+                f"{args.file} has {len(problems)} root ops; choose one with --op-index "
+                f"0..{len(problems) - 1}"
+            )
+        problem = problems[0]
+    elif not 0 <= args.op_index < len(problems):
+        raise InputError(f"--op-index {args.op_index} out of range 0..{len(problems) - 1}")
+    else:
+        problem = problems[args.op_index]
+    candidates = enumerate_candidates(problem, target, args.pipeline, args.limit)
+    out = sys.stdout
+    if args.json:
+        knob_columns = [c for c in candidates.table.columns if c != "pipeline"]
+        for rank, record in enumerate(candidates.table.to_dict("records")):
+            knobs = {c: _plain(record[c]) for c in knob_columns}
+            line = {
+                "rank": rank,
+                "pipeline": record["pipeline"],
+                "knobs": knobs,
+                "compilation_info": candidates.compilation_info(rank),
+            }
+            out.write(json.dumps(line) + "\n")
+        return 0
+    print(f"# {problem.describe()} on {target.name}: {len(candidates)} candidates", file=out)
+    if len(candidates):
+        print(candidates.table.loc[:, list(_SUMMARY)].to_string(), file=out)
+    return 0
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars -> JSON-ready Python values."""
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (str, int, float)):
+        return value
+    raise DispatchTuneError(f"unexpected value {value!r} in the candidate table")

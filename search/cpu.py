@@ -1,0 +1,252 @@
+"""CPU (llvm-cpu) search spaces: our own Z3 model, solved by the same columnar engine as GPU.
+
+IREE emits no SMT constraints for llvm-cpu, and its CPU pipelines accept almost anything (tiles
+that do not divide, vectors larger than the distribution tile, ... compile and run, 5-8x slower;
+see docs/search_space.md). The model therefore defines the *sane* space: configurations that
+compile and that a tuner could plausibly want, slow ones included so a cost model learns them.
+
+Knobs (the lists of `#iree_cpu.lowering_config`, one entry per loop of the op):
+- DoubleTilingExpert (contractions: matmul, transposed operands, batch matmul):
+  distribution [b, m, n, 0], vector_common_parallel [1, m, n, 0], vector_reduction [0, 0, 0, k].
+- ConvTileAndDecomposeExpert (2-D NHWC/HWCF convolutions, loops n, oh, ow, oc, kh, kw, ic):
+  distribution [n, oh, ow, oc, 0, 0, 0], vector_common_parallel [1, 1, ow, oc, 0, 0, 0],
+  vector_reduction [0, 0, 0, 0, 1, 1, ic].
+
+Constraints, with the reason for each (W = native vector bytes, R = vector registers, A = bytes
+of an accumulator element, from `Target.cpu_facts()` and the problem):
+- C1 every distribution tile divides its loop: partial tiles take a peeled, masked path (a
+  distribution of 100 on 512 ran 7x slower than 64).
+- C2 every vector tile divides its distribution tile, so the vector loop has no remainder (a
+  vector tile larger than the distribution tile ran 8x slower).
+- C3 the reduction tile divides the reduction loop (same reason as C1).
+- C4 the vectorised op has fewer than 32768 bytes: vec_m * vec_n * red_k * A < 32768, IREE's
+  LLVMCPU vector-size verifier rejects larger ones ("large vector sizes (32768 bytes)"; measured:
+  8128 f32 elements compile, 8192 fail).
+- C5 the innermost (contiguous) vector dimension fills whole native vectors: vec_n * A is a
+  multiple of W, unless vec_n is the whole N loop (narrow problems).
+- C6 the accumulator tile fits the register file: vec_m * vec_n * A <= R * W; larger tiles
+  spill every reduction step.
+- C7 enough workgroups for every core: B/tile_b * M/tile_m * N/tile_n >= cores (one workgroup
+  leaves the other cores idle; measured 2.6 vs 1.5 ms on 2 cores).
+- Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
+  ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
+  own configs always use them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem, element_bytes
+from dispatchtune.search.engine import ConstraintSystem
+from dispatchtune.search.space import CPU_PIPELINES, CandidateSet, finish_table
+from dispatchtune.targets import CpuFacts, Target
+
+#: IREE's LLVMCPU verifier rejects vector ops of this many bytes or more (C4).
+MAX_VECTOR_BYTES = 32768
+
+
+@dataclass(frozen=True)
+class CpuModel:
+    """The Z3 model of one problem's CPU space: assertions, variables, and how to read them."""
+
+    pipeline: str
+    assertions: tuple[Any, ...]
+    variables: tuple[str, ...]  # enumerated knob variables, in column order
+    reasons: tuple[str, ...]  # one reason per assertion (same order)
+    # per loop of the op: (distribution, vector_common_parallel, vector_reduction) entries,
+    # each a variable name or a literal
+    loops: tuple[tuple[int | str, int | str, int | str], ...]
+
+
+def _divisible(z3: Any, size: int, var: Any) -> Any:
+    return z3.And(var >= 1, var <= size, size % var == 0)
+
+
+def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
+    """Build the Z3 model (see the module docstring for the constraints and their reasons)."""
+    import z3
+
+    acc = max(int(element_bytes(problem.output_type)), 1)
+    width, registers, cores = facts.native_vector_bytes, facts.vector_registers, facts.cores
+    asserts: list[tuple[Any, str]] = []
+
+    def add(expr: Any, reason: str) -> None:
+        asserts.append((expr, reason))
+
+    if problem.kind == "contraction":
+        pipeline = "DoubleTilingExpert"
+        for cls in ("m", "n", "k"):
+            if len(problem.loops(cls)) != 1:
+                raise DispatchTuneError(
+                    f"CPU search supports contractions with one {cls.upper()} loop; "
+                    f"this one has {len(problem.loops(cls))}"
+                )
+        if len(problem.loops("batch")) > 1:
+            raise DispatchTuneError("CPU search supports at most one batch loop")
+        b, m, n, k = problem.gemm_shape
+        db, dm, dn, vm, vn, rk = z3.Ints("dist_b dist_m dist_n vec_m vec_n red_k")
+        for size, var, name in ((b, db, "B"), (m, dm, "M"), (n, dn, "N")):
+            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+        add(z3.And(vm >= 1, dm % vm == 0), "C2 vec_m divides dist_m")
+        add(z3.And(vn >= 1, dn % vn == 0), "C2 vec_n divides dist_n")
+        add(_divisible(z3, k, rk), "C3 reduction tile divides K")
+        add(vm * vn * rk * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
+        add(z3.Or((vn * acc) % width == 0, vn == n), "C5 vec_n fills native vectors")
+        add(vm * vn * acc <= registers * width, "C6 accumulator tile fits the registers")
+        add(db * dm * dn * cores <= b * m * n, "C7 at least one workgroup per core")
+        variables: tuple[str, ...] = ("dist_b", "dist_m", "dist_n", "vec_m", "vec_n", "red_k")
+        loop_of: dict[int, tuple[int | str, int | str, int | str]] = {}
+        for i in problem.loops("batch"):
+            loop_of[i] = ("dist_b", 1, 0)
+        loop_of[problem.loops("m")[0]] = ("dist_m", "vec_m", 0)
+        loop_of[problem.loops("n")[0]] = ("dist_n", "vec_n", 0)
+        loop_of[problem.loops("k")[0]] = (0, 0, "red_k")
+    elif problem.kind == "convolution":
+        pipeline = "ConvTileAndDecomposeExpert"
+        shape = {c: len(problem.loops(c)) for c in problem.dims}
+        if (
+            shape.get("batch") != 1 or shape.get("output_image") != 2
+            or shape.get("output_channel") != 1 or shape.get("filter_loop") != 2
+            or shape.get("input_channel") != 1 or shape.get("depth", 0) != 0
+        ):
+            raise DispatchTuneError("CPU search supports 2-D convolutions (NHWC/HWCF) only")
+        nb = problem.size("batch")
+        oh, ow = problem.sizes("output_image")
+        oc, ic = problem.size("output_channel"), problem.size("input_channel")
+        dnb, doh, dow, doc, vow, voc, ric = z3.Ints(
+            "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic"
+        )
+        for size, var, name in ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")):
+            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+        add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
+        add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
+        add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
+        add(vow * voc * ric * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
+        add(z3.Or((voc * acc) % width == 0, voc == oc), "C5 vec_oc fills native vectors")
+        add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
+        add(
+            dnb * doh * dow * doc * cores <= nb * oh * ow * oc,
+            "C7 at least one workgroup per core",
+        )
+        variables = ("dist_n", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic")
+        (ln,) = problem.loops("batch")
+        loh, low = problem.loops("output_image")
+        (loc,) = problem.loops("output_channel")
+        lkh, lkw = problem.loops("filter_loop")
+        (lic,) = problem.loops("input_channel")
+        loop_of = {
+            ln: ("dist_n", 1, 0), loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
+            loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, 1), lic: (0, 0, "red_ic"),
+        }
+    else:
+        raise DispatchTuneError("CPU search supports contractions and convolutions, not attention")
+    loops = tuple(loop_of[i] for i in range(len(problem.loop_sizes)))
+    return CpuModel(
+        pipeline=pipeline,
+        assertions=tuple(a for a, _ in asserts),
+        variables=variables,
+        reasons=tuple(r for _, r in asserts),
+        loops=loops,
+    )
+
+
+_LISTS = ("distribution", "vector_common_parallel", "vector_reduction")
+
+
+def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Standard candidate columns plus the per-loop knob lists of each row."""
+    rows = len(cols[model.variables[0]]) if model.variables else 0
+
+    def value(entry: int | str) -> np.ndarray:
+        if isinstance(entry, str):
+            return np.asarray(cols[entry], dtype=np.int64)
+        return np.full(rows, entry, dtype=np.int64)
+
+    columns: dict[str, Any] = {"pipeline": np.full(rows, model.pipeline, dtype=object)}
+    b, m, n, _ = problem.gemm_shape
+    if model.pipeline == "DoubleTilingExpert":
+        tile_b = value("dist_b")
+        tile_m, tile_n = value("dist_m"), value("dist_n")
+        columns.update(
+            tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_k"),
+            vec_m=value("vec_m"), vec_n=value("vec_n"),
+        )
+    else:
+        tile_b = np.ones(rows, dtype=np.int64)
+        tile_m = value("dist_n") * value("dist_oh") * value("dist_ow")
+        tile_n = value("dist_oc")
+        columns.update(
+            tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_ic"),
+            vec_m=value("vec_ow"), vec_n=value("vec_oc"), tile_oh=value("dist_oh"),
+            tile_ow=value("dist_ow"), vec_ow=value("vec_ow"),
+        )
+    columns["workgroups"] = (max(b, 1) // tile_b) * (m // tile_m) * (n // tile_n)
+    for list_index, list_name in enumerate(_LISTS):
+        for loop, entries in enumerate(model.loops):
+            columns[f"knob_{list_name}_{loop}"] = value(entries[list_index])
+    return finish_table(columns, rows)
+
+
+class CpuMaterializer:
+    """Formats the `compilation_info` of a CPU row from its per-loop knob columns."""
+
+    def __init__(self, pipeline: str, n_loops: int) -> None:
+        self.pipeline = pipeline
+        self.n_loops = n_loops
+
+    def compilation_info(self, row: pd.Series) -> str:
+        lists = []
+        for name in _LISTS:
+            values = ", ".join(str(int(row[f"knob_{name}_{i}"])) for i in range(self.n_loops))
+            lists.append(f"{name} = [{values}]")
+        return (
+            "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+            + ", ".join(lists)
+            + ">, translation_info = #iree_codegen.translation_info<pipeline = "
+            + f"#iree_cpu.pipeline<{self.pipeline}>>>"
+        )
+
+
+def cpu_system(model: CpuModel) -> ConstraintSystem:
+    return ConstraintSystem.from_z3(list(model.assertions))
+
+
+def enumerate_cpu(
+    problem: Problem, target: Target, pipeline: str | None = None, limit: int | None = None
+) -> CandidateSet:
+    """Every configuration of the CPU model, in the engine's deterministic order."""
+    model = cpu_model(problem, target.cpu_facts())
+    if pipeline is not None and pipeline != model.pipeline:
+        if pipeline not in CPU_PIPELINES:
+            raise DispatchTuneError(
+                f"unknown CPU pipeline {pipeline!r}; choose one of {', '.join(CPU_PIPELINES)}"
+            )
+        raise DispatchTuneError(f"{problem.kind} problems use {model.pipeline} on llvm-cpu")
+    chunks = _solve(model, limit)
+    cols = {
+        v: np.concatenate([c[v] for c in chunks]) if chunks else np.zeros(0, np.int64)
+        for v in model.variables
+    }
+    if limit is not None:
+        cols = {k: v[:limit] for k, v in cols.items()}
+    table = cpu_columns(problem, model, cols)
+    materializer = CpuMaterializer(model.pipeline, len(problem.loop_sizes))
+    return CandidateSet(problem, target, table, {model.pipeline: materializer})
+
+
+def _solve(model: CpuModel, limit: int | None) -> Sequence[dict[str, np.ndarray]]:
+    chunks = []
+    total = 0
+    for chunk in cpu_system(model).solve(model.variables):
+        chunks.append(chunk)
+        total += len(chunk[model.variables[0]])
+        if limit is not None and total >= limit:
+            break
+    return chunks

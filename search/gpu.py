@@ -1,0 +1,430 @@
+"""GPU search spaces from IREE's own SMT constraints (TileAndFuse, VectorDistribute).
+
+`iree-compile --iree-codegen-emit-pipeline-constraints --compile-to=executable-configurations`
+attaches one `iree_codegen.smt.constraints` op per candidate pipeline (and, for convolutions, per
+lowering: direct and implicit GEMM) to the dispatch. Each op carries a knob template (which
+lowering-config entry is which knob) and a body of SMT assertions. We convert the body to
+SMT-LIB (`convert_constraints_op_to_smtlib`), enumerate every solution exactly with
+`engine.ConstraintSystem`, and turn a row back into a `compilation_info` with IREE's
+`materialize_compilation_info` (lazily, per row).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem
+from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
+from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
+from dispatchtune.targets import Target
+from dispatchtune.toolchain import first_error_line, run_tool
+
+Entry = int | str  # a lowering-config list entry: a literal or a knob name
+
+
+@dataclass(frozen=True)
+class GpuSpace:
+    """One `iree_codegen.smt.constraints` op, described in plain Python."""
+
+    index: int  # position of the op in the dispatch (walk order)
+    pipeline: str
+    smtlib: str
+    knobs: tuple[str, ...]  # knob names, in the op's declaration order
+    workgroup: tuple[Entry, ...]  # per loop of the op's loop space
+    reduction: tuple[Entry, ...]
+    subgroup_counts: tuple[Entry, ...]  # VectorDistribute subgroup_basis counts (else empty)
+    classes: Mapping[str, tuple[int, ...]]  # "b"/"m"/"n"/"k" -> loop positions
+    loop_bounds: tuple[int, ...]
+    intrinsics: tuple[str, ...]  # options of the mma_idx knob, e.g. "MFMA_F32_16x16x16_F16"
+    mma_shapes: tuple[tuple[int, int, int], ...]
+    igemm: bool
+    image_loops: tuple[int, ...]  # conv output-image loops (direct lowering), else ()
+    fixed: Mapping[str, int]  # template literals worth a column (e.g. prefetch_num_stages)
+
+    def system(self) -> ConstraintSystem:
+        return ConstraintSystem.from_smtlib(self.smtlib)
+
+
+_MODULES: dict[tuple[str, str], str] = {}
+
+
+def constraints_module(problem: Problem, target: Target) -> str:
+    """The dispatch configured by IREE with the SMT constraints kept in the IR (MLIR text)."""
+    key = (problem.key, target.name)
+    if key not in _MODULES:
+        proc = run_tool(
+            "iree-compile",
+            [
+                "-", *target.compile_flags, "--iree-codegen-emit-pipeline-constraints",
+                "--compile-to=executable-configurations", "-o", "-",
+            ],
+            input_text=problem.to_mlir(),
+        )
+        if proc.returncode != 0:
+            reason = first_error_line(proc.stderr)
+            if proc.returncode < 0 or "report issues" in reason or "crash" in proc.stderr.lower():
+                reason = f"compiler crashed (exit {proc.returncode})"
+            raise DispatchTuneError(
+                f"iree-compile could not emit constraints for {problem.describe()} on "
+                f"{target.name}: {reason}"
+            )
+        _MODULES[key] = proc.stdout
+    return _MODULES[key]
+
+
+def _constraint_ops(module: Any) -> list[Any]:
+    from iree.compiler import ir
+
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "iree_codegen.smt.constraints":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
+    """Every constraint set IREE emits for this problem on this GPU target."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    text = constraints_module(problem, target)
+    spaces = []
+    with ir.Context():
+        module = ir.Module.parse(text)
+        roots = list(iree_codegen.get_tuner_root_ops(module))
+        for index, op in enumerate(_constraint_ops(module)):
+            spaces.append(_describe(index, op, roots))
+    if not spaces:
+        raise DispatchTuneError(
+            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
+            "(no MMA intrinsic fits these element types?)"
+        )
+    return spaces
+
+
+def _entries(attr: Any) -> tuple[Entry, ...]:
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    out: list[Entry] = []
+    for item in attr:
+        if isinstance(item, iree_codegen.IntKnobAttr):
+            out.append(str(item.name))
+        elif isinstance(item, (ir.IntegerAttr, ir.BoolAttr)):
+            out.append(int(item.value))
+        else:
+            raise DispatchTuneError(f"unexpected entry {item} in an IREE knob template")
+    return tuple(out)
+
+
+def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu, linalg
+
+    template = op.attributes["knobs"]
+    pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(op.attributes["pipeline"]))
+    smtlib = iree_codegen.convert_constraints_op_to_smtlib(op)
+    knobs: list[str] = []
+
+    def visit(inner: Any) -> Any:
+        if inner.name == "iree_codegen.smt.knob":
+            knobs.append(str(ir.StringAttr(inner.attributes["name"]).value))
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+    workgroup = _entries(template["workgroup"])
+    reduction = _entries(template["reduction"])
+    counts: tuple[Entry, ...] = ()
+    if "subgroup_basis" in template:
+        counts = _entries(ir.ArrayAttr(template["subgroup_basis"])[0])
+    intrinsics: list[str] = []
+    shapes: list[tuple[int, int, int]] = []
+    if "mma_kind" in template:
+        kind = template["mma_kind"]
+        options = list(kind.options) if isinstance(kind, iree_codegen.OneOfKnobAttr) else [kind]
+        for option in options:
+            intrinsics.append(re.sub(r".*<(\w+)>.*", r"\1", str(option)))
+            try:
+                mnk = iree_gpu.MMAAttr(option).mnk_shape
+            except (TypeError, ValueError):
+                mnk = iree_gpu.VirtualMMAAttr(option).mnk_shape
+            shapes.append((int(mnk[0]), int(mnk[1]), int(mnk[2])))
+    fixed: dict[str, int] = {}
+    options_attr = template.get("gpu_pipeline_options", None)
+    igemm_fixed = False
+    if options_attr is not None:
+        stages = options_attr["prefetch_num_stages"]
+        if isinstance(stages, ir.IntegerAttr):
+            fixed["prefetch_num_stages"] = int(stages.value)
+        igemm_attr = options_attr["use_igemm_convolution"]
+        if isinstance(igemm_attr, ir.BoolAttr):
+            igemm_fixed = bool(igemm_attr.value)
+
+    root = _root_for(op, roots)
+    n_loops = len(workgroup)
+    dims_count = len(list(op.operands))
+    igemm = False
+    image_loops: tuple[int, ...] = ()
+    if linalg.isa_contraction_op(root):
+        cd = linalg.infer_contraction_dimensions(root)
+        classes = {"b": tuple(cd.batch), "m": tuple(cd.m), "n": tuple(cd.n), "k": tuple(cd.k)}
+        bounds = _dims_operands(op)
+    elif linalg.isa_convolution_op(root):
+        cv = linalg.infer_convolution_dimensions(root)
+        if n_loops == dims_count:
+            classes = {
+                "b": tuple(cv.depth), "m": (*cv.batch, *cv.output_image),
+                "n": tuple(cv.output_channel), "k": (*cv.filter_loop, *cv.input_channel),
+            }
+            bounds = _dims_operands(op)
+            image_loops = tuple(cv.output_image)
+        else:
+            details = iree_codegen.get_igemm_generic_conv_details(root)
+            to_igemm = {int(k): int(v) for k, v in dict(details.conv_to_igemm_dim_map).items()}
+
+            def mapped(loops: Any) -> tuple[int, ...]:
+                return tuple(sorted({to_igemm[int(d)] for d in loops}))
+
+            classes = {
+                "b": mapped(cv.depth), "m": mapped([*cv.batch, *cv.output_image]),
+                "n": mapped(cv.output_channel), "k": mapped([*cv.filter_loop, *cv.input_channel]),
+            }
+            bounds = tuple(int(b) for b in details.igemm_loop_bounds)
+            igemm = True
+    else:
+        raise DispatchTuneError(
+            f"GPU search supports contractions and convolutions, not {root.name}"
+        )
+    if len(bounds) != n_loops:
+        raise DispatchTuneError(
+            f"{pipeline} knob template has {n_loops} loops but the root op has {len(bounds)}"
+        )
+    return GpuSpace(
+        index=index, pipeline=pipeline, smtlib=smtlib, knobs=tuple(knobs), workgroup=workgroup,
+        reduction=reduction, subgroup_counts=counts, classes=classes, loop_bounds=bounds,
+        intrinsics=tuple(intrinsics), mma_shapes=tuple(shapes), igemm=igemm or igemm_fixed,
+        image_loops=image_loops, fixed=fixed,
+    )
+
+
+def _root_for(op: Any, roots: list[Any]) -> Any:
+    if not roots:
+        raise DispatchTuneError("IREE found no tunable root op in this dispatch")
+    wanted = str(op.attributes["target"]) if "target" in op.attributes else ""
+    for root in roots:
+        if "root_op" in root.attributes and str(root.attributes["root_op"]).endswith(
+            wanted.split("<", 1)[-1]
+        ):
+            return root
+    return roots[0]
+
+
+def _dims_operands(op: Any) -> tuple[int, ...]:
+    """Static sizes of the op's `dims(...)` operands: the root op's loop trip counts."""
+    from iree.compiler import ir
+
+    sizes = []
+    for operand in op.operands:
+        owner = operand.owner
+        if not hasattr(owner, "attributes") or "value" not in owner.attributes:
+            raise DispatchTuneError("GPU search needs static shapes (a dims operand is dynamic)")
+        sizes.append(int(ir.IntegerAttr(owner.attributes["value"]).value))
+    return tuple(sizes)
+
+
+# ---- enumeration --------------------------------------------------------------------------------
+def enumerate_space(space: GpuSpace, limit: int | None = None) -> pd.DataFrame:
+    """Every solution of one constraint set as a candidate table (deduplicated on the knobs)."""
+    system = space.system()
+    chunks: list[dict[str, np.ndarray]] = []
+    total = 0
+    for chunk in system.solve():
+        chunks.append(chunk)
+        total += len(next(iter(chunk.values())))
+        if limit is not None and total >= limit * 2:
+            break
+    names = list(system.variables)
+    cols = {
+        n: np.concatenate([c[n] for c in chunks]) if chunks else np.zeros(0, np.int64)
+        for n in names
+    }
+    knobs = pd.DataFrame({f"knob_{k}": cols[k] for k in space.knobs})
+    keep = ~knobs.duplicated().to_numpy()  # aux SMT variables may repeat a knob assignment
+    cols = {n: v[keep] for n, v in cols.items()}
+    table = gpu_columns(space, cols)
+    if limit is not None:
+        table = table.iloc[:limit].reset_index(drop=True)
+    return table
+
+
+def reference_solutions(space: GpuSpace) -> set[tuple[int, ...]]:
+    """The same solution set by blocking clauses (slow; for tests and benchmarks)."""
+    import z3
+
+    return set(enumerate_blocking(list(z3.parse_smt2_string(space.smtlib)), space.knobs))
+
+
+def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame:
+    """Standard candidate columns (elements, counts) from IREE's raw knob values."""
+    rows = len(next(iter(cols.values()))) if cols else 0
+
+    def value(entry: Entry) -> np.ndarray:
+        if isinstance(entry, str):
+            return np.asarray(cols[entry], dtype=np.int64)
+        return np.full(rows, entry, dtype=np.int64)
+
+    mma_idx = value("mma_idx") if "mma_idx" in cols else np.zeros(rows, dtype=np.int64)
+    shapes = np.array(space.mma_shapes or [(0, 0, 0)], dtype=np.int64)
+    mma = shapes[np.clip(mma_idx, 0, len(shapes) - 1)]
+    bounds = space.loop_bounds
+
+    def tile(
+        entries: tuple[Entry, ...], loops: tuple[int, ...], scale_knobs: np.ndarray | None
+    ) -> np.ndarray:
+        out = np.ones(rows, dtype=np.int64)
+        for loop in loops:
+            size = value(entries[loop])
+            size = np.where(size == 0, bounds[loop], size)  # 0 = not tiled: the whole loop
+            if scale_knobs is not None and isinstance(entries[loop], str):
+                size = size * scale_knobs
+            out *= size
+        return out
+
+    k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
+    tile_b = tile(space.workgroup, space.classes["b"], None)
+    tile_m = tile(space.workgroup, space.classes["m"], None)
+    tile_n = tile(space.workgroup, space.classes["n"], None)
+    tile_k = tile(space.reduction, space.classes["k"], k_scale)
+    sub_m = value("sg_m_cnt") if "sg_m_cnt" in cols else np.ones(rows, dtype=np.int64)
+    sub_n = value("sg_n_cnt") if "sg_n_cnt" in cols else np.ones(rows, dtype=np.int64)
+    size_b = math.prod(bounds[i] for i in space.classes["b"])
+    size_m = math.prod(bounds[i] for i in space.classes["m"])
+    size_n = math.prod(bounds[i] for i in space.classes["n"])
+    threads = np.ones(rows, dtype=np.int64)
+    for name in ("wg_size_x", "wg_size_y", "wg_size_z"):
+        if name in cols:
+            threads = threads * value(name)
+    stages = (
+        value("prefetch_num_stages") if "prefetch_num_stages" in cols
+        else np.full(rows, space.fixed.get("prefetch_num_stages", 0), dtype=np.int64)
+    )
+    names = np.array(space.intrinsics or [""], dtype=object)
+    intrinsic = names[np.clip(mma_idx, 0, len(names) - 1)]
+    image = space.image_loops
+    zeros = np.zeros(rows, dtype=np.int64)
+    columns: dict[str, Any] = {
+        "pipeline": np.full(rows, space.pipeline, dtype=object),
+        "space": np.full(rows, space.index, dtype=np.int64),
+        "tile_b": tile_b, "tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k,
+        "vec_m": tile_m // np.maximum(sub_m, 1), "vec_n": tile_n // np.maximum(sub_n, 1),
+        "workgroups": (size_b // np.maximum(tile_b, 1))
+        * -(-size_m // tile_m)
+        * -(-size_n // tile_n),
+        "intrinsic": intrinsic, "mma_m": mma[:, 0], "mma_n": mma[:, 1], "mma_k": mma[:, 2],
+        "subgroups_m": sub_m, "subgroups_n": sub_n,
+        "subgroup_size": value("sg_size") if "sg_size" in cols else np.zeros(rows, np.int64),
+        "workgroup_threads": threads, "prefetch_stages": stages,
+        "igemm": np.full(rows, int(space.igemm), dtype=np.int64),
+        "tile_oh": tile(space.workgroup, image[:1], None) if len(image) == 2 else zeros,
+        "tile_ow": tile(space.workgroup, image[1:], None) if len(image) == 2 else zeros,
+    }
+    for knob in space.knobs:
+        columns[f"knob_{knob}"] = value(knob)
+    return finish_table(columns, rows)
+
+
+class GpuMaterializer:
+    """Materialises `compilation_info` for GPU rows with IREE (keeps one parsed module)."""
+
+    def __init__(self, module_text: str, spaces: Sequence[GpuSpace]) -> None:
+        self.module_text = module_text
+        self.knobs = {s.index: s.knobs for s in spaces}
+        self._state: tuple[Any, Any, list[Any]] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"module_text": self.module_text, "knobs": self.knobs, "_state": None}
+
+    def compilation_info(self, row: pd.Series) -> str:
+        from iree.compiler import ir
+        from iree.compiler.dialects import iree_codegen
+
+        if self._state is None:
+            context = ir.Context()
+            with context:
+                module = ir.Module.parse(self.module_text)
+            self._state = (context, module, _constraint_ops(module))
+        context, _, ops = self._state
+        space = int(row["space"])
+        assignment = {k: int(row[f"knob_{k}"]) for k in self.knobs[space]}
+        with context:
+            return str(iree_codegen.materialize_compilation_info(ops[space], assignment))
+
+
+def enumerate_gpu(
+    problem: Problem,
+    target: Target,
+    pipeline: str | None = None,
+    limit: int | None = None,
+    extra_knobs: Mapping[str, Sequence[int]] | None = None,
+) -> CandidateSet:
+    """Candidates of every (or one) GPU pipeline, in IREE's constraint-op order."""
+    if pipeline is not None and pipeline not in GPU_PIPELINES:
+        raise DispatchTuneError(
+            f"unknown GPU pipeline {pipeline!r}; choose one of {', '.join(GPU_PIPELINES)}"
+        )
+    if problem.kind == "attention":
+        raise DispatchTuneError("GPU candidate enumeration supports contractions and convolutions")
+    spaces = gpu_spaces(problem, target)
+    chosen = [s for s in spaces if pipeline is None or s.pipeline == pipeline]
+    if not chosen:
+        raise DispatchTuneError(f"IREE emits no {pipeline} constraints for this problem")
+    materializer = GpuMaterializer(constraints_module(problem, target), spaces)
+    tables = []
+    remaining = limit
+    for space in chosen:
+        if remaining is not None and remaining <= 0:
+            break
+        table = enumerate_space(space, remaining)
+        if extra_knobs:
+            table = _cross_extra(table, space, extra_knobs)
+            if remaining is not None:
+                table = table.iloc[:remaining]
+        tables.append(table)
+        if remaining is not None:
+            remaining -= len(table)
+    sets = [
+        CandidateSet(problem, target, t, {s.pipeline: materializer for s in chosen}) for t in tables
+    ]
+    return CandidateSet.concat(sets)
+
+
+def _cross_extra(
+    table: pd.DataFrame, space: GpuSpace, extra: Mapping[str, Sequence[int]]
+) -> pd.DataFrame:
+    """Replace knobs IREE fixes (e.g. prefetch_num_stages) by explicit extra dimensions."""
+    for knob, values in extra.items():
+        if knob not in space.knobs:
+            raise DispatchTuneError(f"{space.pipeline} has no knob {knob!r} to vary")
+        parts = []
+        for v in values:
+            part = table.copy()
+            part[f"knob_{knob}"] = int(v)
+            if knob == "prefetch_num_stages":
+                part["prefetch_stages"] = int(v)
+            parts.append(part)
+        # Row-major: each configuration with every extra value in turn (stable, deterministic).
+        order = np.arange(len(table) * len(parts)).reshape(len(parts), len(table)).T.ravel()
+        table = pd.concat(parts, ignore_index=True).iloc[order].reset_index(drop=True)
+    return table
