@@ -10,6 +10,8 @@ Two kinds of record share the format:
   with its compile, benchmark and verification outcome.
 * ``kind = "baseline"``: one measurement of the compiler-default configuration
   (``candidate_id = -1``); the loop measures it at the start and again at intervals.
+* ``kind = "confirm"``: a re-measurement of one of the best candidates at the end of a run, in
+  rounds that alternate with the baseline (``baseline_times_ms`` = that round's baseline).
 """
 
 from __future__ import annotations
@@ -197,9 +199,16 @@ def _median(values: object) -> float:
 
 
 def records_frame(
-    records: Iterable[Mapping[str, Any]], *, include_baselines: bool = False
+    records: Iterable[Mapping[str, Any]],
+    *,
+    include_baselines: bool = False,
+    kinds: Sequence[str] = ("candidate",),
 ) -> pd.DataFrame:
-    """One row per record with the knobs flattened into columns.
+    """One row per record of the given kinds, with the knobs flattened into columns.
+
+    By default only `candidate` records (one per candidate tried); `include_baselines` adds the
+    baseline measurements, `kinds` selects any kinds (`confirm`: the interleaved re-measurements
+    of the top candidates at the end of a run).
 
     Adds `median_ms`, `min_ms`, `baseline_median_ms` and `speedup` (baseline median / candidate
     median, > 1 is faster than the compiler default); NaN where not measured. Knob columns keep
@@ -207,7 +216,8 @@ def records_frame(
     """
     rows: list[dict[str, Any]] = []
     for record in records:
-        if record.get("kind") == "baseline" and not include_baselines:
+        kind = record.get("kind")
+        if kind not in kinds and not (include_baselines and kind == "baseline"):
             continue
         row = {k: v for k, v in record.items() if k not in ("knobs", "problem")}
         knobs = record.get("knobs") or {}
@@ -231,6 +241,7 @@ def load_results(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     include_baselines: bool = False,
+    kinds: Sequence[str] = ("candidate",),
 ) -> pd.DataFrame:
     """Read one or more `results.jsonl` files (or output directories) into a DataFrame."""
     if isinstance(paths, (str, os.PathLike)):
@@ -243,4 +254,4 @@ def load_results(
         if not path.exists():
             raise DispatchTuneError(f"no results file at {path}")
         records.extend(read_records(path))
-    return records_frame(records, include_baselines=include_baselines)
+    return records_frame(records, include_baselines=include_baselines, kinds=kinds)

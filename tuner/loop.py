@@ -19,6 +19,7 @@ dispatch benchmark):
 
 from __future__ import annotations
 
+import itertools
 import os
 import queue
 import shutil
@@ -27,7 +28,7 @@ import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from dispatchtune.tuner.worker import (
     CompileOutcome,
     CpuSlots,
     benchmark_vmfb,
+    build_spec,
     compile_candidate,
     compile_module,
     sha256_file,
@@ -91,6 +93,11 @@ class TuneOptions:
     # The best candidate enters the spec only above this speedup over the default: 2% is about
     # the run-to-run variation of a local-sync benchmark here, so smaller gains are not real.
     min_speedup: float = 1.02
+    # At the end of a run that measured anything, the `confirm_top` best candidates are
+    # re-measured in `confirm_rounds` rounds, each round benchmarking the default and then them
+    # back to back; their speedups come from these paired measurements.
+    confirm_top: int = 3
+    confirm_rounds: int = 3
     keep_binaries: bool = False
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
@@ -118,15 +125,19 @@ class TuneResult:
     text: str = ""
 
 
-CandidateSource = Callable[[Problem, Target, TuneOptions], Sequence[Candidate]]
+CandidateSource = Callable[[Problem, Target, TuneOptions], Iterable[Candidate]]
 
 
 def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def ranked_candidates(problem: Problem, target: Target, options: TuneOptions) -> list[Candidate]:
-    """The real search space of a problem in benchmark order (Z3 enumeration + ranking)."""
+def ranked_candidates(problem: Problem, target: Target, options: TuneOptions) -> Iterator[Candidate]:
+    """The real search space of a problem in benchmark order (Z3 enumeration + ranking).
+
+    Enumeration and ranking are columnar over the whole space; each candidate's
+    `compilation_info` is materialised lazily, only when the loop reaches it.
+    """
     from dispatchtune import rank
     from dispatchtune.search import enumerate_candidates
 
@@ -134,22 +145,20 @@ def ranked_candidates(problem: Problem, target: Target, options: TuneOptions) ->
     table = rank(cset, problem, target, order=options.order, seed=options.seed)
     skip = {"score", "candidate_id"}
     knob_columns = [c for c in table.columns if c not in skip]
-    records = table.to_dict("records")
-    candidates = []
-    for position, row in enumerate(records):
-        cid = int(row["candidate_id"])
-        score = row.get("score")
-        candidates.append(
-            Candidate(
-                candidate_id=cid,
-                compilation_info=cset.compilation_info(cid),
-                pipeline=str(row.get("pipeline", "")),
-                knobs={c: _plain(row[c]) for c in knob_columns},
-                rank=position,
-                score=None if score is None or score != score else float(score),
-            )
+    ids = table["candidate_id"].to_numpy()
+    scores = table["score"].to_numpy(dtype=float) if "score" in table else None
+    for position in range(len(table)):
+        row = table.iloc[position]
+        cid = int(ids[position])
+        score = None if scores is None or np.isnan(scores[position]) else float(scores[position])
+        yield Candidate(
+            candidate_id=cid,
+            compilation_info=cset.compilation_info(cid),
+            pipeline=str(row.get("pipeline", "")),
+            knobs={c: _plain(row[c]) for c in knob_columns},
+            rank=position,
+            score=score,
         )
-    return candidates
 
 
 # ---- preparing dispatches --------------------------------------------------------------------
@@ -403,6 +412,79 @@ class _DispatchTuner:
                 f"miscompile: max |error| {max_abs:.3g} vs the default build on seeded inputs"
             )
 
+    # -- confirmation ---------------------------------------------------------------------------
+    def _confirm(self, progress: Any) -> None:
+        """Re-measure the best candidates in rounds interleaved with the default config."""
+        from dispatchtune.tuner.report import summarize, usable_candidates
+
+        top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
+        if top_n <= 0 or rounds <= 0:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
+            records = list(read_records(self.log.path))
+        frame = summarize(records, self.problem, self.target, self.options.min_speedup).frame
+        if frame is None or frame.empty:
+            return
+        finalists = usable_candidates(frame).head(top_n)
+        if finalists.empty:
+            return
+        knobs = {
+            int(r["candidate_id"]): r.get("knobs")
+            for r in records
+            if r.get("kind") == "candidate" and r.get("problem_key") == self.problem.key
+        }
+        ctx = self._context()
+        binaries: list[tuple[dict[str, Any], Path]] = []
+        for row in finalists.to_dict("records"):
+            directory = self.work_dir / f"c{row['candidate_id']}"
+            directory.mkdir(parents=True, exist_ok=True)
+            spec = directory / "spec.mlir"
+            if not spec.exists():
+                spec.write_text(build_spec(self.problem, str(row["compilation_info"])))
+            vmfb = directory / "confirm.vmfb"
+            built = compile_module(ctx, self.prepared.benchmark, spec, vmfb,
+                                   with_target_flags=False)
+            if built.ok:
+                binaries.append((row, vmfb))
+        device = self.devices[0]
+        progress.write(
+            f"confirming the {len(binaries)} best candidate(s) of {self.problem.key}: "
+            f"{rounds} rounds interleaved with the default on {device.uri}"
+        )
+        try:
+            for round_index in range(rounds):
+                result, base = benchmark_vmfb(
+                    self.baseline_vmfb, device.uri, self.settings, self.slots
+                )
+                if not result.ok:
+                    return
+                shift = round_index % len(binaries)  # rotate to spread any position effect
+                for row, vmfb in binaries[shift:] + binaries[:shift]:
+                    run, times = benchmark_vmfb(vmfb, device.uri, self.settings, self.slots)
+                    self._append(
+                        self._record(
+                            kind="confirm",
+                            device=device.uri,
+                            candidate_id=int(row["candidate_id"]),
+                            rank=int(row.get("rank", -1)),
+                            pipeline=str(row.get("pipeline", "")),
+                            knobs=dict(knobs.get(int(row["candidate_id"])) or {}),
+                            compilation_info=str(row["compilation_info"]),
+                            compile_status="ok",
+                            binary_sha256=str(row.get("binary_sha256", "")),
+                            bench_status=run.status,
+                            bench_error=run.error,
+                            times_ms=times,
+                            baseline_times_ms=base,
+                            verify_status=str(row.get("verify_status", "skipped")),
+                        )
+                    )
+        finally:
+            if not self.options.keep_binaries:
+                for _, vmfb in binaries:
+                    vmfb.unlink(missing_ok=True)
+
     # -- main loop ------------------------------------------------------------------------------
     def _candidate_fields(self, candidate: Candidate) -> dict[str, Any]:
         return {
@@ -446,10 +528,17 @@ class _DispatchTuner:
             )
         )
 
-    def run(self, candidates: Sequence[Candidate], progress: Any) -> None:
-        todo = [c for c in candidates if c.compilation_info not in self.done]
-        if self.benchmarked >= self.options.budget or not todo:
+    def run(self, candidates: Iterable[Candidate], progress: Any) -> None:
+        budget = self.options.budget
+        if self.benchmarked >= budget:
             return
+        max_attempts = self.options.max_attempts or 4 * budget + 8
+        todo = (c for c in candidates if c.compilation_info not in self.done)
+        pending: Iterator[Candidate] = itertools.islice(todo, max_attempts)
+        first = next(pending, None)
+        if first is None:
+            return
+        pending = itertools.chain([first], pending)
         self._prepare_baseline()
         for device in self.devices:
             self._measure_baseline(device)
@@ -457,9 +546,6 @@ class _DispatchTuner:
         free: queue.Queue[_Device] = queue.Queue()
         for device in self.devices:
             free.put(device)
-        budget = self.options.budget
-        max_attempts = self.options.max_attempts or 4 * budget + 8
-        pending = iter(todo[:max_attempts])
         compiles: dict[Future[CompileOutcome], Candidate] = {}
         benches: dict[Future[_BenchOutcome], CompileOutcome] = {}
         exhausted = False
@@ -521,6 +607,7 @@ class _DispatchTuner:
             for device in self.devices:
                 if device.since_baseline:
                     self._measure_baseline(device)
+            self._confirm(progress)
         except BaseException:
             self.stop.set()
             kill_children()
@@ -633,7 +720,7 @@ def tune(
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
             if candidates is None:
-                ordered: Sequence[Candidate] = ranked_candidates(dispatch.problem, target, options)
+                ordered: Iterable[Candidate] = ranked_candidates(dispatch.problem, target, options)
             elif callable(candidates):
                 ordered = candidates(dispatch.problem, target, options)
             else:
