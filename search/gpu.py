@@ -162,7 +162,9 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
                 mnk = iree_gpu.VirtualMMAAttr(option).mnk_shape
             shapes.append((int(mnk[0]), int(mnk[1]), int(mnk[2])))
     fixed: dict[str, int] = {}
-    options_attr = template.get("gpu_pipeline_options", None)
+    options_attr = None  # DictAttr.get is a constructor, not dict.get
+    if "gpu_pipeline_options" in template:
+        options_attr = template["gpu_pipeline_options"]
     igemm_fixed = False
     if options_attr is not None:
         stages = options_attr["prefetch_num_stages"]
