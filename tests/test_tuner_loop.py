@@ -194,3 +194,22 @@ def test_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.Captur
     assert err.startswith("dispatchtune: error:") and "\n" not in err
     code = cli_main(["tune", str(FIXTURE), "--output-dir", str(tmp_path), "--budget", "0"])
     assert code == 2 and "--budget" in capsys.readouterr().err
+
+
+def test_cli_tunes_with_the_real_enumerator_and_ranker(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cli"
+    code = cli_main([
+        "tune", str(FIXTURE), "--target", "host", "--budget", "2", "--output-dir", str(out),
+        "--order", "random", "--repetitions", "2", "--confirm-top", "0", "--no-progress",
+    ])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "benchmarked 2" in printed and "speedup" in printed
+    records = [r for r in read_records(out / "results.jsonl") if r["kind"] == "candidate"]
+    assert all(r["order"] == "random" for r in records)
+    # Rows of the Z3 enumeration table, ordered by dispatchtune.rank, with their knobs.
+    assert all(r["candidate_id"] >= 0 and r["rank"] >= 0 and "tile_m" in r["knobs"]
+               for r in records)
+    assert (out / "summary.md").exists()

@@ -260,7 +260,7 @@ def describe(summary: DispatchSummary) -> list[str]:
         else "NOT faster than the default; the spec keeps the default"
     )
     how = (
-        f"confirmed in {summary.confirm_rounds} rounds interleaved with the default"
+        f"confirmed in {summary.confirm_rounds} round(s) interleaved with the default"
         if summary.confirm_rounds
         else "single screening measurement"
     )

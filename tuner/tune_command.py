@@ -65,6 +65,14 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
         help="speedup over the default a candidate needs to enter the spec (default 1.02: above "
         "the ~2%% run-to-run noise of local-sync)",
     )
+    parser.add_argument(
+        "--confirm-top", type=int, default=3,
+        help="re-measure this many best candidates at the end, interleaved with the default "
+        "(default 3; 0 = off)",
+    )
+    parser.add_argument(
+        "--confirm-rounds", type=int, default=3, help="rounds of that re-measurement (default 3)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for random order and inputs")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
@@ -91,6 +99,8 @@ def run_tune(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         seed=args.seed,
         min_speedup=args.min_speedup,
+        confirm_top=max(0, args.confirm_top),
+        confirm_rounds=max(0, args.confirm_rounds),
         progress=False if args.no_progress else None,
     )
     if not args.file.exists():
