@@ -42,6 +42,8 @@ GPU_MMA_REUSE_GOOD = 16.0
 CPU_REGISTER_FILL_GOOD = 0.25
 #: CPU: share above which accumulators plus operands no longer fit and spill.
 CPU_REGISTER_SPILL = 0.75
+#: CPU: register-tile rows from which each loaded RHS vector is reused enough.
+CPU_RHS_REUSE_ROWS = 4.0
 #: Floor of every efficiency factor, so an impossible candidate sorts last without -inf.
 _FLOOR = 1e-6
 
@@ -173,6 +175,22 @@ CPU_TERMS: tuple[HeuristicTerm, ...] = (
         "Accumulators must leave registers for the operand vectors; beyond three quarters of the "
         "register file the tile spills to the stack in the inner loop.",
         lambda f: 2.0 * _log(CPU_REGISTER_SPILL / f["cpu_register_tile_fraction"]),
+    ),
+    HeuristicTerm(
+        "vector_pow2",
+        "log(0.2) if the native vectors per register-tile row are not a power of two else 0",
+        "A register-tile row of 3, 6, 12 or 24 native vectors (vec_n 48, 96, 192, 384 f32 on "
+        "AVX-512) is a non-power-of-two LLVM vector type that is legalised by splitting; such "
+        "tiles ran 3-20x slower than the best in a random sample of this machine's space.",
+        lambda f: _flag_penalty(f["cpu_vector_count_pow2"], 0.2),
+    ),
+    HeuristicTerm(
+        "rhs_reuse",
+        f"0.5 * log(min(1, vec_m / {CPU_RHS_REUSE_ROWS:g}))",
+        "Each RHS vector loaded in the inner loop feeds vec_m FMAs; with one or two rows the loop "
+        "streams the RHS panel at one or two FMAs per load and becomes load-bound (1-row tiles "
+        "ran about 2x slower than 8-row ones with the same accumulator count).",
+        lambda f: 0.5 * _log(f["vec_m"] / CPU_RHS_REUSE_ROWS),
     ),
     HeuristicTerm(
         "vector_utilization",

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from dispatchtune.targets import Target
 
 #: Bumped whenever a feature is added, removed, renamed or changes meaning; learned models store it.
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 
 #: Resident subgroups (waves/warps) one SIMD can hold; 8 on CDNA3 for occupancy purposes and on
 #: NVIDIA Turing/Ampere (32-48 warps per SM over 4 sub-partitions).
@@ -131,6 +131,11 @@ FEATURES: tuple[FeatureSpec, ...] = (
         "cpu_vector_utilization",
         "fraction",
         "L / (ceil(L/V)*V), L = vn*c bytes, V = native vector bytes: used share of vector lanes",
+    ),
+    FeatureSpec(
+        "cpu_vector_count_pow2",
+        "flag",
+        "1 if ceil(vn*c / V), the native vectors per register-tile row, is a power of two",
     ),
     FeatureSpec(
         "cpu_register_tile_fraction",
@@ -332,6 +337,7 @@ def compute_features(
         _gpu_features(out, columns, target, n, tb, tm, tn, tk, vm, vn, a, b, c)
         for name in (
             "cpu_vector_utilization",
+            "cpu_vector_count_pow2",
             "cpu_register_tile_fraction",
             "cpu_l1_footprint_fraction",
             "cpu_l2_footprint_fraction",
@@ -344,7 +350,10 @@ def compute_features(
         out["threads"] = full(n, 1.0, f64)
         vbytes = float(max(target.native_vector_bytes, 1))
         row_bytes = vn * c
-        out["cpu_vector_utilization"] = row_bytes / (np.ceil(row_bytes / vbytes) * vbytes)
+        vectors = np.ceil(row_bytes / vbytes)
+        out["cpu_vector_utilization"] = row_bytes / (vectors * vbytes)
+        count = vectors.astype(np.int64)
+        out["cpu_vector_count_pow2"] = ((count & (count - 1)) == 0).astype(f64)
         out["cpu_register_tile_fraction"] = (
             vm * np.ceil(row_bytes / vbytes) / float(max(target.vector_registers, 1))
         )

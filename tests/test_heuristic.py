@@ -51,7 +51,7 @@ def cpu_grid() -> pd.DataFrame:
     """DoubleTilingExpert candidates varying every knob the CPU terms read."""
     rows = []
     for tm, tn, tk, vm, vn in itertools.product(
-        [8, 32, 100, 128, 384], [16, 64, 512], [1, 4, 16, 256], [1, 2, 6, 8, 16], [8, 16, 64]
+        [8, 32, 100, 128, 384], [16, 64, 512], [1, 4, 16, 256], [1, 2, 6, 8, 16], [8, 16, 48, 64]
     ):
         rows.append({
             "pipeline": "DoubleTilingExpert", "tile_b": 0, "tile_m": tm, "tile_n": tn,
@@ -129,6 +129,8 @@ def test_cpu_terms_penalise_the_right_candidates(cpu_features: pd.DataFrame) -> 
     _worse_gets_lower(f, "register_spill", (f["vec_m"] == 16) & (f["vec_n"] == 64),
                       (f["vec_m"] == 8) & (f["vec_n"] == 16))
     _worse_gets_lower(f, "vector_utilization", f["vec_n"] == 8, f["vec_n"] == 16)
+    _worse_gets_lower(f, "vector_pow2", f["vec_n"] == 48, f["vec_n"] == 64)
+    _worse_gets_lower(f, "rhs_reuse", f["vec_m"] == 1, f["vec_m"] == 8)
     _worse_gets_lower(f, "parallelism", f["workgroups"] == 1, f["workgroups"] >= 2)
     _worse_gets_lower(f, "l1_footprint", f["cpu_l1_footprint_fraction"] > 1.5,
                       f["cpu_l1_footprint_fraction"] < 1)

@@ -48,3 +48,22 @@ def test_every_gpu_term_is_live_on_a_real_space_or_documented() -> None:
     constant = {name for name in terms if terms[name].nunique() == 1}
     # All tiles divide 1024 and are powers of two here; IREE picks the load width itself.
     assert constant <= {"padding", "tile_k_pow2", "vector_loads"}
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [Problem.matmul(512, 512, 512, "f32"), Problem.conv2d_nhwc_hwcf(2, 28, 28, 64, 64, 3, 3),
+     Problem.batch_matmul(8, 128, 128, 256, "f32")],
+    ids=["matmul", "conv", "batch-matmul"],
+)
+def test_rank_real_cpu_spaces(problem: Problem) -> None:
+    cset = enumerate_candidates(problem, "host")
+    ranked = dispatchtune.rank(cset)
+    assert sorted(ranked["candidate_id"]) == list(range(len(cset)))
+    # The enumerator already removes what the sanity terms punish (non-dividing tiles, spills,
+    # idle cores); the heuristic must still separate the remaining space.
+    assert ranked["score"].nunique() > 5
+    features = extract_features(cset.problem, cset.target, cset.table)
+    top = features.loc[ranked["candidate_id"].head(20)]
+    assert (top["cpu_vector_count_pow2"] == 1).all()
+    assert (top["vec_m"] >= 4).all() and (top["cpu_register_tile_fraction"] >= 0.25).all()
