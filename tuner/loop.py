@@ -255,6 +255,12 @@ class _DispatchTuner:
         self.benchmarked = sum(
             1 for r in mine if r.get("kind") == "candidate" and r.get("bench_status") != "skipped"
         )
+        # Binaries built by earlier runs count for dedup too (same compiler, same input).
+        for r in mine:
+            if r.get("kind") == "candidate" and r.get("compile_status") == "ok":
+                sha = r.get("binary_sha256")
+                if sha:
+                    self.registry.claim(str(sha), int(r["candidate_id"]))
         self.reference: np.ndarray | None = None
         self.inputs: VerifyInputs | None = None
         self.verify_note = ""

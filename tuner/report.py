@@ -310,6 +310,26 @@ def plot_progress(summaries: Sequence[DispatchSummary], path: Path) -> Path | No
     return path
 
 
+_TABLE_KNOBS = (
+    "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "intrinsic", "subgroups_m",
+    "subgroups_n", "workgroup_threads", "prefetch_stages",
+)
+
+
+def _present(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, float) and math.isnan(value):
+        return False
+    return str(value) not in ("", "nan", "None", "-1")
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
 def _markdown(
     summaries: Sequence[DispatchSummary], target: Target, plot: Path | None, spec_note: str
 ) -> str:
@@ -323,17 +343,37 @@ def _markdown(
         if frame is None or frame.empty:
             continue
         top = frame[frame["bench_status"] == "ok"].sort_values("speedup", ascending=False).head(10)
+        confirmed: dict[int, float] = {}
+        if summary.confirmed is not None:
+            confirmed = dict(
+                zip(summary.confirmed["candidate_id"].astype(int), summary.confirmed["speedup"],
+                    strict=True)
+            )
         if not top.empty:
-            out.append("| candidate | pipeline | median ms | speedup | verify | config |")
-            out.append("|---|---|---|---|---|---|")
+            out.append(
+                "| candidate | rank | pipeline | knobs | median ms | screening speedup | "
+                "confirmed speedup | verify |"
+            )
+            out.append("|---|---|---|---|---|---|---|---|")
             for _, row in top.iterrows():
-                config = " ".join(str(row["compilation_info"]).split())
+                knobs = " ".join(
+                    f"{k}={_short(row[k])}"
+                    for k in _TABLE_KNOBS
+                    if k in row and _present(row[k])
+                    # GPU-only knobs read 0 on CPU rows
+                    and (k.startswith(("tile_", "vec_")) or _short(row[k]) != "0")
+                )
+                again = confirmed.get(int(row["candidate_id"]))
                 out.append(
-                    f"| {row['candidate_id']} | {row.get('pipeline', '')} | "
-                    f"{row['median_ms']:.3f} | {row['speedup']:.3f} | {row['verify_status']} | "
-                    f"`{config}` |"
+                    f"| {row['candidate_id']} | {row.get('rank', '')} | {row.get('pipeline', '')} "
+                    f"| {knobs} | {row['median_ms']:.3f} | {row['speedup']:.3f} | "
+                    f"{'' if again is None else f'{again:.3f}'} | {row['verify_status']} |"
                 )
             out.append("")
+            if summary.best is not None:
+                config = " ".join(str(summary.best["compilation_info"]).split())
+                out.append(f"Best configuration: `{config}`")
+                out.append("")
         failed = frame[~frame["compile_status"].isin(["ok", "duplicate"])]
         if not failed.empty:
             out.append("Failures (first 10):")

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from dispatchtune.problem import Problem
-from dispatchtune.toolchain import tool_path
-from dispatchtune.tuner.process import ProcessResult, run_process
+from dispatchtune.tuner.process import ProcessResult, native_tool, run_process
 
 
 def numpy_dtype(element_type: str) -> np.dtype | None:
@@ -97,7 +96,7 @@ def run_function(
     out_path.unlink(missing_ok=True)
     result = run_process(
         [
-            tool_path("iree-run-module"),
+            native_tool("iree-run-module"),
             f"--module={vmfb}",
             f"--device={device}",
             "--function=main",
