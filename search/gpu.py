@@ -409,7 +409,15 @@ def enumerate_gpu(
     sets = [
         CandidateSet(problem, target, t, {s.pipeline: materializer for s in chosen}) for t in tables
     ]
-    return CandidateSet.concat(sets)
+    result = CandidateSet.concat(sets)
+    # The columns depend on the chosen pipelines only, not on where `limit` cut the rows.
+    table = result.table
+    for space in chosen:
+        for knob in space.knobs:
+            if f"knob_{knob}" not in table.columns:
+                table[f"knob_{knob}"] = np.full(len(table), -1, dtype=np.int64)
+    result.table = table
+    return result
 
 
 def _cross_extra(

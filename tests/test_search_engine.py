@@ -92,7 +92,7 @@ def test_definitions_and_order_are_deterministic() -> None:
 def test_unbounded_variable_is_a_clear_error() -> None:
     x, y = z3.Ints("x y")
     system = ConstraintSystem.from_z3([x >= 0, x <= 3, y >= x])
-    with pytest.raises(DispatchTuneError, match="not finite.*y"):
+    with pytest.raises(DispatchTuneError, match=r"not finite.*y"):
         list(system.solve())
 
 

@@ -1,0 +1,171 @@
+"""The llvm-cpu Z3 model: exact against a brute force, sane, and tied to what IREE compiles."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pandas as pd
+import pytest
+import z3
+
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem
+from dispatchtune.search import enumerate_candidates
+from dispatchtune.search.cpu import MAX_VECTOR_BYTES, cpu_model
+from dispatchtune.targets import get_target
+from dispatchtune.toolchain import run_tool
+
+HOST = get_target("host")
+FACTS = HOST.cpu_facts()
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _brute_force_contraction(b: int, m: int, n: int, k: int, acc: int) -> set[tuple[int, ...]]:
+    """C1-C7 restated independently of the Z3 model, by plain enumeration of divisors."""
+    w, r, cores = FACTS.native_vector_bytes, FACTS.vector_registers, FACTS.cores
+    out: set[tuple[int, ...]] = set()
+    for db, dm, dn, rk in itertools.product(_divisors(b), _divisors(m), _divisors(n), _divisors(k)):
+        for vm, vn in itertools.product(_divisors(dm), _divisors(dn)):
+            if (
+                vm * vn * rk * acc < MAX_VECTOR_BYTES
+                and ((vn * acc) % w == 0 or vn == n)
+                and vm * vn * acc <= r * w
+                and (b // db) * (m // dm) * (n // dn) >= cores
+            ):
+                out.add((db, dm, dn, vm, vn, rk))
+    return out
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        Problem.matmul(64, 48, 32, "f32"),
+        Problem.matmul(32, 96, 24, "f16", transpose_b=True),
+        Problem.batch_matmul(3, 32, 32, 16, "f32"),
+    ],
+    ids=["matmul", "matmul_t_f16", "batch_matmul"],
+)
+def test_contraction_space_equals_brute_force(problem: Problem) -> None:
+    t = enumerate_candidates(problem, HOST).table
+    columns = ["tile_b", "tile_m", "tile_n", "vec_m", "vec_n", "tile_k"]
+    got = list(t[columns].itertuples(index=False, name=None))
+    b, m, n, k = problem.gemm_shape
+    assert len(got) == len(set(got)) > 0
+    assert set(got) == _brute_force_contraction(b, m, n, k, 4)
+
+
+def test_conv_space_equals_brute_force() -> None:
+    problem = Problem.conv2d_nhwc_hwcf(2, 6, 8, 8, 32, 3, 3)
+    t = enumerate_candidates(problem, HOST).table
+    w, r, cores = FACTS.native_vector_bytes, FACTS.vector_registers, FACTS.cores
+    want = set()
+    for dn, doh, dow, doc, ric in itertools.product(
+        _divisors(2), _divisors(6), _divisors(8), _divisors(32), _divisors(8)
+    ):
+        for vow, voc in itertools.product(_divisors(dow), _divisors(doc)):
+            if (
+                vow * voc * ric * 4 < MAX_VECTOR_BYTES
+                and ((voc * 4) % w == 0 or voc == 32)
+                and vow * voc * 4 <= r * w
+                and (2 // dn) * (6 // doh) * (8 // dow) * (32 // doc) >= cores
+            ):
+                want.add((dn, doh, dow, doc, vow, voc, ric))
+    cols = [
+        "knob_distribution_0", "tile_oh", "tile_ow", "tile_n", "vec_ow", "vec_n", "tile_k",
+    ]
+    got = list(t[cols].itertuples(index=False, name=None))
+    assert len(got) == len(set(got)) and set(got) == want
+    assert (t["tile_m"] == t["knob_distribution_0"] * t["tile_oh"] * t["tile_ow"]).all()
+
+
+def test_every_candidate_satisfies_the_z3_model() -> None:
+    problem = Problem.matmul(128, 64, 96, "f32")
+    model = cpu_model(problem, FACTS)
+    t = enumerate_candidates(problem, HOST).table
+    solver = z3.Solver()
+    solver.add(*model.assertions)
+    names = {"dist_b": "tile_b", "dist_m": "tile_m", "dist_n": "tile_n", "vec_m": "vec_m",
+             "vec_n": "vec_n", "red_k": "tile_k"}
+    for row in t.itertuples(index=False):
+        fixed = [z3.Int(v) == int(getattr(row, c)) for v, c in names.items()]
+        assert solver.check(*fixed) == z3.sat
+    assert len(model.reasons) == len(model.assertions)
+    assert all(reason[:2] in {"C1", "C2", "C3", "C4", "C5", "C6", "C7"} for reason in model.reasons)
+
+
+def test_matmul_512_space_is_sized_and_holds_default_and_slow_configs() -> None:
+    cands = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), HOST)
+    t = cands.table
+    assert 300 <= len(t) <= 5000
+    key = ["tile_m", "tile_n", "vec_m", "vec_n", "tile_k"]
+    configs = set(t[key].itertuples(index=False, name=None))
+    assert (64, 64, 8, 16, 16) in configs  # IREE's own default
+    assert (64, 128, 1, 16, 1) in configs  # measured 6.8x slower than the best: must stay
+    assert (64, 64, 64, 64, 64) not in configs  # IREE rejects it (vector size)
+    assert set(t["pipeline"]) == {"DoubleTilingExpert"}
+    assert (t["intrinsic"] == "").all() and (t["mma_m"] == 0).all()
+    assert (t["workgroups"] == (512 // t["tile_m"]) * (512 // t["tile_n"])).all()
+    text = cands.compilation_info(0)
+    row = t.iloc[0]
+    assert text == (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        f"distribution = [{row.tile_m}, {row.tile_n}, 0], "
+        f"vector_common_parallel = [{row.vec_m}, {row.vec_n}, 0], "
+        f"vector_reduction = [0, 0, {row.tile_k}]>, translation_info = "
+        "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+    again = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), HOST, limit=10)
+    pd.testing.assert_frame_equal(again.table, t.iloc[:10].reset_index(drop=True))
+
+
+def test_batch_matmul_lists_have_one_entry_per_loop() -> None:
+    cands = enumerate_candidates(Problem.batch_matmul(4, 64, 64, 32), HOST)
+    text = cands.compilation_info(len(cands) - 1)
+    for name in ("distribution", "vector_common_parallel", "vector_reduction"):
+        values = text.split(f"{name} = [")[1].split("]")[0].split(", ")
+        assert len(values) == 4
+    assert (cands.table["knob_vector_common_parallel_0"] == 1).all()
+    assert set(cands.table["tile_b"]) == {1, 2, 4}
+
+
+def _compile_matmul(vec: tuple[int, int], red: int) -> int:
+    """Compile a 256^3 f32 matmul carrying a config (on the op) for the host; return the rc."""
+    ci = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        f"distribution = [128, 128, 0], vector_common_parallel = [{vec[0]}, {vec[1]}, 0], "
+        f"vector_reduction = [0, 0, {red}]>, translation_info = "
+        "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+    source = Problem.matmul(256, 256, 256).to_mlir().replace(
+        "linalg.generic {", f"linalg.generic {{compilation_info = {ci}, ", 1
+    )
+    args = ["-", *HOST.compile_flags, "-o", "/dev/null"]
+    return run_tool("iree-compile", args, input_text=source).returncode
+
+
+def test_vector_size_constraint_is_the_compiler_limit() -> None:
+    """C4's bound is where IREE starts rejecting: 8128 f32 elements compile, 8192 do not."""
+    limit = MAX_VECTOR_BYTES // 4
+    assert 8 * 8 * 127 < limit <= 4 * 16 * 128
+    assert _compile_matmul((8, 8), 127) == 0
+    assert _compile_matmul((4, 16), 128) != 0
+    configs = enumerate_candidates(Problem.matmul(256, 256, 256), HOST).table
+    assert int((configs["vec_m"] * configs["vec_n"] * configs["tile_k"]).max()) < limit
+    assert math.prod((4, 16, 128)) == limit
+
+
+def test_unsupported_cpu_inputs_are_one_line_errors() -> None:
+    with pytest.raises(DispatchTuneError, match="not attention"):
+        enumerate_candidates(Problem.attention(1, 64, 64, 64, 64), HOST)
+    with pytest.raises(DispatchTuneError, match="use DoubleTilingExpert"):
+        enumerate_candidates(
+            Problem.matmul(64, 64, 64), HOST, pipeline="ConvTileAndDecomposeExpert"
+        )
+    with pytest.raises(DispatchTuneError, match="unknown CPU pipeline"):
+        enumerate_candidates(Problem.matmul(64, 64, 64), HOST, pipeline="TileAndFuse")
+    with pytest.raises(DispatchTuneError, match="GPU targets only"):
+        enumerate_candidates(Problem.matmul(64, 64, 64), HOST, extra_knobs={"x": (1,)})

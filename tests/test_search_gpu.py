@@ -1,0 +1,153 @@
+"""GPU candidate spaces from IREE's own SMT constraints (real iree-compile, real Z3)."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import z3
+
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem
+from dispatchtune.search import CandidateSet, enumerate_candidates
+from dispatchtune.search.gpu import GpuSpace, enumerate_space, gpu_spaces, reference_solutions
+from dispatchtune.targets import get_target
+
+SMALL = Problem.matmul(64, 64, 64, "f16")
+SMALL_T = Problem.matmul(64, 64, 64, "f16", transpose_b=True)
+
+
+@functools.cache
+def _spaces(target: str, transpose: bool = False) -> tuple[GpuSpace, ...]:
+    return tuple(gpu_spaces(SMALL_T if transpose else SMALL, get_target(target)))
+
+
+def _space(target: str, pipeline: str, transpose: bool = False) -> GpuSpace:
+    return next(s for s in _spaces(target, transpose) if s.pipeline == pipeline)
+
+
+def _knob_rows(space: GpuSpace, table: pd.DataFrame) -> list[tuple[int, ...]]:
+    return list(table[[f"knob_{k}" for k in space.knobs]].itertuples(index=False, name=None))
+
+
+@pytest.mark.parametrize(
+    ("target", "pipeline", "transpose"),
+    [
+        ("gfx942", "TileAndFuse", False),
+        ("gfx942", "VectorDistribute", False),
+        ("sm_80", "TileAndFuse", True),
+        ("gfx1100", "TileAndFuse", False),
+    ],
+)
+def test_same_set_as_blocking_clauses_and_every_row_satisfies(
+    target: str, pipeline: str, transpose: bool
+) -> None:
+    space = _space(target, pipeline, transpose)
+    table = enumerate_space(space)
+    rows = _knob_rows(space, table)
+    assert len(rows) == len(set(rows)) > 0
+    assert set(rows) == reference_solutions(space)
+    solver = z3.Solver()
+    solver.add(*z3.parse_smt2_string(space.smtlib))
+    for row in rows:
+        fixed = [z3.Int(k) == v for k, v in zip(space.knobs, row, strict=True)]
+        assert solver.check(*fixed) == z3.sat
+
+
+def test_columns_are_in_elements_and_consistent() -> None:
+    cands = enumerate_candidates(Problem.matmul(256, 128, 512, "f16"), "gfx942")
+    t = cands.table
+    assert isinstance(t.index, pd.RangeIndex)
+    assert set(t["pipeline"]) == {"TileAndFuse", "VectorDistribute"}
+    assert (t["tile_b"] == 1).all()
+    assert (t["intrinsic"].str.startswith("MFMA_")).all()
+    assert (t["tile_m"] % t["vec_m"] == 0).all() and (t["tile_n"] % t["vec_n"] == 0).all()
+    threads = t["subgroups_m"] * t["subgroups_n"] * t["subgroup_size"]
+    assert (t["workgroup_threads"] == threads).all()
+    assert (256 % t["tile_m"] == 0).all() and (128 % t["tile_n"] == 0).all()
+    assert (t["workgroups"] == (256 // t["tile_m"]) * (128 // t["tile_n"])).all()
+    tf = t[t["pipeline"] == "TileAndFuse"]
+    vd = t[t["pipeline"] == "VectorDistribute"]
+    # TileAndFuse counts K in intrinsic units and the subgroup tile in MMA tiles: converted.
+    assert (tf["tile_k"] == tf["knob_red_2"] * tf["mma_k"]).all()
+    assert (tf["vec_m"] == tf["knob_sg_0"] * tf["mma_m"]).all()
+    assert (vd["tile_k"] == vd["knob_red_2"]).all()
+    assert (vd["subgroups_m"] == vd["knob_sg_m_cnt"]).all()
+    assert (tf["knob_sg_m_cnt"] == -1).all()  # VD-only knob, absent from TileAndFuse rows
+    assert (t["prefetch_stages"] == 2).all()
+    assert (t["tile_k"] <= 512).all() and (512 % t["tile_k"] == 0).all()
+
+
+def test_compilation_info_is_materialised_from_the_row() -> None:
+    cands = enumerate_candidates(SMALL, "gfx942")
+    for i in (0, len(cands) // 2, len(cands) - 1):
+        row = cands.table.iloc[i]
+        text = cands.compilation_info(i)
+        assert text.startswith("#iree_codegen.compilation_info<")
+        assert f"workgroup = [{row['knob_wg_0']}, {row['knob_wg_1']}, 0]" in text
+        assert f"reduction = [0, 0, {row['knob_red_2']}]" in text
+        assert f"pipeline = #iree_gpu.pipeline<{row['pipeline']}>" in text
+        assert row["intrinsic"] in text
+        assert f"workgroup_size = [{row['workgroup_threads']}, 1, 1]" in text
+    assert len(list(cands.iter_compilation_infos([0, 1]))) == 2
+
+
+def test_order_is_deterministic_and_limit_is_a_prefix() -> None:
+    first = enumerate_candidates(SMALL, "sm_80")
+    again = enumerate_candidates(SMALL, "sm_80")
+    pd.testing.assert_frame_equal(first.table, again.table)
+    head = enumerate_candidates(SMALL, "sm_80", limit=25)
+    assert len(head) == 25
+    pd.testing.assert_frame_equal(head.table, first.table.iloc[:25].reset_index(drop=True))
+    vd = enumerate_candidates(SMALL, "sm_80", pipeline="VectorDistribute")
+    assert set(vd.table["pipeline"]) == {"VectorDistribute"}
+    assert len(vd) == int((first.table["pipeline"] == "VectorDistribute").sum())
+
+
+def test_extra_knob_prefetch_stages_is_an_explicit_dimension() -> None:
+    base = enumerate_candidates(SMALL, "gfx942", pipeline="TileAndFuse")
+    wide = enumerate_candidates(
+        SMALL, "gfx942", pipeline="TileAndFuse", extra_knobs={"prefetch_num_stages": (1, 3)}
+    )
+    assert len(wide) == 2 * len(base)
+    assert list(wide.table["prefetch_stages"][:4]) == [1, 3, 1, 3]
+    assert "prefetch_num_stages = 3" in wide.compilation_info(1)
+    with pytest.raises(DispatchTuneError, match="no knob"):
+        enumerate_candidates(SMALL, "gfx942", extra_knobs={"waves_per_eu": (1, 2)})
+
+
+def test_convolution_spaces_map_to_the_gemm_view() -> None:
+    problem = Problem.conv2d_nhwc_hwcf(2, 8, 8, 32, 32, 3, 3, "f16")
+    cands = enumerate_candidates(problem, "gfx942")
+    t = cands.table
+    assert set(t["igemm"]) == {0, 1}
+    direct = t[t["igemm"] == 0]
+    assert (direct["tile_oh"] > 0).all() and (direct["tile_ow"] > 0).all()
+    # M = batch x output image: the workgroup's M tile is the product of those loop tiles.
+    assert (direct["tile_m"] % (direct["tile_oh"] * direct["tile_ow"]) == 0).all()
+    assert (t["tile_n"] <= 32).all() and (32 % t["tile_n"] == 0).all()
+    assert (t["tile_k"] > 0).all() and ((3 * 3 * 32) % t["tile_k"] == 0).all()
+    text = cands.compilation_info(int(np.flatnonzero(t["igemm"].to_numpy() == 1)[0]))
+    assert "use_igemm_convolution = true" in text
+
+
+def test_candidate_set_concat_fills_missing_knobs() -> None:
+    tf = enumerate_candidates(SMALL, "gfx942", pipeline="TileAndFuse", limit=3)
+    vd = enumerate_candidates(SMALL, "gfx942", pipeline="VectorDistribute", limit=2)
+    both = CandidateSet.concat([tf, vd])
+    assert len(both) == 5
+    assert list(both.table["pipeline"]) == ["TileAndFuse"] * 3 + ["VectorDistribute"] * 2
+    assert re.search(r"subgroup_basis", both.compilation_info(4))
+    assert (both.table.loc[:2, "knob_sg_n_cnt"] == -1).all()
+
+
+def test_unsupported_inputs_are_one_line_errors() -> None:
+    with pytest.raises(DispatchTuneError, match="unknown GPU pipeline"):
+        enumerate_candidates(SMALL, "gfx942", pipeline="DoubleTilingExpert")
+    with pytest.raises(DispatchTuneError, match="contractions and convolutions"):
+        enumerate_candidates(Problem.attention(1, 64, 64, 64, 64), "gfx942")
+    with pytest.raises(DispatchTuneError, match=r"no GPU constraints|no MMA"):
+        enumerate_candidates(Problem.matmul(64, 64, 64, "f32"), "sm_80")
