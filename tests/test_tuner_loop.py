@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,8 @@ HOST = get_target("host")
 def cpu_config(dist: tuple[int, int], vec: tuple[int, int], red: int) -> str:
     return (
         "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
-        f"distribution = [{dist[0]}, {dist[1]}, 0], vector_common_parallel = [{vec[0]}, {vec[1]}, 0],"
+        f"distribution = [{dist[0]}, {dist[1]}, 0], "
+        f"vector_common_parallel = [{vec[0]}, {vec[1]}, 0],"
         f" vector_reduction = [0, 0, {red}]>, translation_info = #iree_codegen.translation_info<"
         "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
     )
@@ -56,12 +58,18 @@ def candidates() -> list[Candidate]:
     ]
 
 
-FAST = {"repetitions": 3, "min_time_s": 0.01, "progress": False, "confirm_rounds": 2}
+def fast(**overrides: Any) -> TuneOptions:
+    """Options for short test runs: 3 quick repetitions, 2 confirmation rounds, no progress."""
+    settings: dict[str, Any] = {
+        "repetitions": 3, "min_time_s": 0.01, "progress": False, "confirm_rounds": 2,
+    }
+    settings.update(overrides)
+    return TuneOptions(**settings)
 
 
 def test_loop_logs_every_outcome_and_writes_an_applied_spec(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    options = TuneOptions(budget=2, baseline_every=1, min_speedup=0.0, **FAST)  # type: ignore[arg-type]
+    options = fast(budget=2, baseline_every=1, min_speedup=0.0)
     result = tune(FIXTURE, HOST, out, options, candidates=candidates())
     records = list(read_records(out / "results.jsonl"))
     by_id = {r["candidate_id"]: r for r in records if r["kind"] == "candidate"}
@@ -107,7 +115,7 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     config = cpu_config((32, 64), (8, 16), 8)
     # The same configuration spelled differently builds a byte-identical binary.
     cands = [Candidate(1, config), Candidate(2, config.replace(", ", ",  "))]
-    options = TuneOptions(budget=2, verify=False, confirm_top=0, **FAST)  # type: ignore[arg-type]
+    options = fast(budget=2, verify=False, confirm_top=0)
     tune(FIXTURE, HOST, out, options, candidates=cands)
     records = {r["candidate_id"]: r for r in read_records(out / "results.jsonl")
                if r["kind"] == "candidate"}
@@ -117,9 +125,10 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     assert dup["duplicate_of"] in (1, 2) and dup["times_ms"] == []
 
     timed = tmp_path / "timeout"
-    result = tune(FIXTURE, HOST, timed, TuneOptions(budget=1, compile_timeout_s=0.05, verify=False,
-                                           **FAST),  # type: ignore[arg-type]
-         candidates=[Candidate(5, cpu_config((32, 32), (8, 32), 4))])
+    result = tune(
+        FIXTURE, HOST, timed, fast(budget=1, compile_timeout_s=0.05, verify=False, confirm_top=0),
+        candidates=[Candidate(5, cpu_config((32, 32), (8, 32), 4))],
+    )
     (record,) = [r for r in read_records(timed / "results.jsonl") if r["kind"] == "candidate"]
     assert record["compile_status"] == "timeout" and "timed out" in record["compile_error"]
     # Nothing beat the default: the spec, if any, configures nothing, and the summary says so.
@@ -132,10 +141,10 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
 _KILLABLE = """
 import sys
 sys.path.insert(0, {tests!r})
-from test_tuner_loop import candidates, FIXTURE, HOST, FAST
-from dispatchtune.tuner.loop import TuneOptions, tune
+from test_tuner_loop import candidates, fast, FIXTURE, HOST
+from dispatchtune.tuner.loop import tune
 try:
-    tune(FIXTURE, HOST, {out!r}, TuneOptions(budget=3, baseline_every=2, confirm_top=0, **FAST),
+    tune(FIXTURE, HOST, {out!r}, fast(budget=3, baseline_every=2, confirm_top=0),
          candidates=candidates())
 except KeyboardInterrupt:
     sys.exit(130)
@@ -166,7 +175,7 @@ def test_kill_and_resume_loses_nothing_and_remeasures_nothing(tmp_path: Path) ->
     with results.open("a") as handle:
         handle.write("{this line was corrupted\n")
     bad_line = len(before) + 1
-    options = TuneOptions(budget=3, baseline_every=2, confirm_top=0, **FAST)  # type: ignore[arg-type]
+    options = fast(budget=3, baseline_every=2, confirm_top=0)
     with pytest.warns(CorruptRecordWarning, match=rf"results\.jsonl:{bad_line}: corrupt record"):
         tune(FIXTURE, HOST, out, options, candidates=candidates())
     with pytest.warns(CorruptRecordWarning):
@@ -187,7 +196,9 @@ def test_kill_and_resume_loses_nothing_and_remeasures_nothing(tmp_path: Path) ->
     assert results.stat().st_size == size
 
 
-def test_cli_reports_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_reports_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = cli_main(["tune", str(tmp_path / "missing.mlir"), "--output-dir", str(tmp_path)])
     assert code == 2
     err = capsys.readouterr().err.strip()
@@ -213,3 +224,32 @@ def test_cli_tunes_with_the_real_enumerator_and_ranker(
     assert all(r["candidate_id"] >= 0 and r["rank"] >= 0 and "tile_m" in r["knobs"]
                for r in records)
     assert (out / "summary.md").exists()
+
+
+def test_a_wrong_output_is_recorded_as_a_miscompile_and_never_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real compile, benchmark and run; the candidate's output is then corrupted, as a
+    miscompiling configuration would produce (no real CPU miscompile is known to reproduce)."""
+    import dispatchtune.tuner.loop as loop
+
+    real_run = loop.run_function
+
+    def corrupting_run(vmfb: Path, *args: object, **kwargs: object) -> object:
+        result, output = real_run(vmfb, *args, **kwargs)  # type: ignore[arg-type]
+        if output is not None and "baseline" not in str(vmfb):
+            output = output.copy()
+            output[3, 5] += 1.0
+        return result, output
+
+    monkeypatch.setattr(loop, "run_function", corrupting_run)
+    out = tmp_path / "run"
+    options = fast(budget=1, confirm_top=0, min_speedup=0.0)
+    candidate = Candidate(7, cpu_config((32, 64), (8, 16), 8))
+    result = tune(FIXTURE, HOST, out, options, candidates=[candidate])
+    (record,) = [r for r in read_records(out / "results.jsonl") if r["kind"] == "candidate"]
+    assert record["bench_status"] == "ok" and len(record["times_ms"]) == 3
+    assert record["verify_status"] == "mismatch" and record["max_abs_error"] == pytest.approx(1.0)
+    assert "miscompile" in record["verify_error"]
+    assert result.summaries[0].miscompiles == [7] and result.summaries[0].best is None
+    assert "MISCOMPILES" in result.text and "[7]" in (out / "summary.md").read_text()

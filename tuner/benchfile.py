@@ -32,12 +32,13 @@ BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
 _FILL_TEMPLATE = """
 util.func private @__dispatchtune_fill(%device: !hal.device, %affinity: i64,
                                        %buffer: !hal.buffer, %size: index) {
-  %cmd = hal.command_buffer.create device(%device : !hal.device) mode("OneShot|AllowInlineExecution")
-      categories("Transfer|Dispatch") affinity(%affinity) : !hal.command_buffer
+  %cmd = hal.command_buffer.create device(%device : !hal.device)
+      mode("OneShot|AllowInlineExecution") categories("Transfer|Dispatch")
+      affinity(%affinity) : !hal.command_buffer
   %zero = arith.constant 0 : index
   %pattern = arith.constant PATTERN : i32
-  hal.command_buffer.fill_buffer<%cmd : !hal.command_buffer> target(%buffer : !hal.buffer)[%zero, %size]
-      pattern(%pattern : i32) flags("None")
+  hal.command_buffer.fill_buffer<%cmd : !hal.command_buffer>
+      target(%buffer : !hal.buffer)[%zero, %size] pattern(%pattern : i32) flags("None")
   hal.command_buffer.finalize<%cmd : !hal.command_buffer>
   %no_fence = util.null : !hal.fence
   %fence = hal.fence.create device(%device : !hal.device) flags("None") : !hal.fence

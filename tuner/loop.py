@@ -132,7 +132,9 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def ranked_candidates(problem: Problem, target: Target, options: TuneOptions) -> Iterator[Candidate]:
+def ranked_candidates(
+    problem: Problem, target: Target, options: TuneOptions
+) -> Iterator[Candidate]:
     """The real search space of a problem in benchmark order (Z3 enumeration + ranking).
 
     Enumeration and ranking are columnar over the whole space; each candidate's
