@@ -20,7 +20,7 @@ Features (name [unit]: formula):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -443,6 +443,19 @@ def features_frame(
     except (TypeError, ValueError) as exc:
         raise InputError(f"candidate table has a non-numeric tile column: {exc}") from exc
     return pd.DataFrame(values, index=table.index, copy=False)
+
+
+def check_feature_schema(version: int, names: Sequence[str], where: str = "model") -> None:
+    """Raise a one-line error unless (version, names) is this build's feature schema.
+
+    Learned models store the schema they were trained on and call this when they are loaded.
+    """
+    if version != FEATURE_SCHEMA_VERSION or tuple(names) != FEATURE_NAMES:
+        raise InputError(
+            f"{where} was built for feature schema v{version} ({len(names)} features); this "
+            f"dispatchtune computes v{FEATURE_SCHEMA_VERSION} ({len(FEATURE_NAMES)} features): "
+            "retrain it"
+        )
 
 
 class FeatureExtractor(Protocol):

@@ -19,6 +19,7 @@ from dispatchtune.features import (
     GemmFeatureExtractor,
     ProblemScalars,
     TargetScalars,
+    check_feature_schema,
     compute_features,
     extract_features,
     feature_table_markdown,
@@ -168,3 +169,11 @@ def test_bad_tables_raise_one_line_errors() -> None:
         features_frame([cpu_row()], problem, HOST_LIKE)  # type: ignore[arg-type]
     with pytest.raises(DispatchTuneError, match="tile_m"):
         compute_features({}, problem, HOST_LIKE)
+
+
+def test_schema_check_for_stored_models() -> None:
+    check_feature_schema(FEATURE_SCHEMA_VERSION, list(FEATURE_NAMES))
+    with pytest.raises(DispatchTuneError, match="retrain"):
+        check_feature_schema(FEATURE_SCHEMA_VERSION - 1, list(FEATURE_NAMES))
+    with pytest.raises(DispatchTuneError, match="retrain"):
+        check_feature_schema(FEATURE_SCHEMA_VERSION, list(FEATURE_NAMES)[:-1])
