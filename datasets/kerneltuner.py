@@ -91,7 +91,11 @@ class KernelTunerSpace:
         m = int(self.problem_size[0])
         n = int(self.problem_size[1]) if len(self.problem_size) > 1 else m
         k = _recover_k(self.table, m, n)
-        bits = int(self.table["PRECISION"].iloc[0]) if "PRECISION" in self.table else 32
+        precisions = set(self.table["PRECISION"]) if "PRECISION" in self.table else {32}
+        if len(precisions) != 1:
+            # One problem has one element type: the rows of each precision are separate spaces.
+            raise InputError(f"{self.path}: configurations of several precisions {precisions}")
+        bits = int(precisions.pop())
         elem = bits / 8
         return ProblemScalars(
             kind="contraction", b=1, m=m, n=n, k=k, lhs_bytes=elem, rhs_bytes=elem,

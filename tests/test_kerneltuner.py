@@ -99,3 +99,13 @@ def test_missing_file_and_plain_json(tmp_path: Path) -> None:
     plain = tmp_path / "plain.json"
     plain.write_bytes(gzip.decompress(CONV.read_bytes()))
     assert len(load_kerneltuner(plain).table) == 20
+
+
+def test_mixed_precision_caches_are_refused(tmp_path: Path) -> None:
+    data = json.loads(gzip.decompress(GEMM.read_bytes()))
+    first = next(iter(data["cache"].values()))
+    first["PRECISION"] = 16
+    path = tmp_path / "mixed.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(DispatchTuneError, match="several precisions"):
+        load_kerneltuner(path).problem_scalars()
