@@ -23,7 +23,9 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   LLVMCPU vector-size verifier rejects larger ones ("large vector sizes (32768 bytes)"; measured:
   8128 f32 elements compile, 8192 fail).
 - C5 the innermost (contiguous) vector dimension fills whole native vectors: vec_n * A is a
-  multiple of W, unless vec_n is the whole N loop (narrow problems).
+  multiple of W, unless vec_n is the whole N loop (narrow problems). When N * A itself is not a
+  multiple of W, vectors of W/2, W/4, ... (at least 16 bytes) are allowed too; otherwise a
+  2520-wide problem would have no candidate at all on AVX-512.
 - C6 the accumulator tile fits the register file: vec_m * vec_n * A <= R * W; larger tiles
   spill every reduction step.
 - C7 enough workgroups for every core: B/tile_b * M/tile_m * N/tile_n >= cores (one workgroup
@@ -75,6 +77,19 @@ def _divisible(z3: Any, size: int, var: Any) -> Any:
     return z3.And(var >= 1, var <= size, size % var == 0)
 
 
+def _native_width(z3: Any, vec: Any, size: int, acc: int, width: int) -> Any:
+    """C5: whole native vectors; fractions of one only when the dimension forces them."""
+    if (size * acc) % width == 0:
+        return z3.Or((vec * acc) % width == 0, vec == size)
+    # N is not a multiple of the native width: half/quarter vectors (at least 16 bytes, the
+    # narrowest SIMD register) or the whole dimension are the sane choices.
+    return z3.Or(
+        (vec * acc) % width == 0,
+        z3.And(vec * acc >= min(16, width), width % (vec * acc) == 0),
+        vec == size,
+    )
+
+
 def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
     """Build the Z3 model (see the module docstring for the constraints and their reasons)."""
     import z3
@@ -104,7 +119,7 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         add(z3.And(vn >= 1, dn % vn == 0), "C2 vec_n divides dist_n")
         add(_divisible(z3, k, rk), "C3 reduction tile divides K")
         add(vm * vn * rk * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
-        add(z3.Or((vn * acc) % width == 0, vn == n), "C5 vec_n fills native vectors")
+        add(_native_width(z3, vn, n, acc, width), "C5 vec_n fills native vectors")
         add(vm * vn * acc <= registers * width, "C6 accumulator tile fits the registers")
         add(db * dm * dn * cores <= b * m * n, "C7 at least one workgroup per core")
         variables: tuple[str, ...] = ("dist_b", "dist_m", "dist_n", "vec_m", "vec_n", "red_k")
@@ -135,7 +150,7 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
         add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
         add(vow * voc * ric * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
-        add(z3.Or((voc * acc) % width == 0, voc == oc), "C5 vec_oc fills native vectors")
+        add(_native_width(z3, voc, oc, acc, width), "C5 vec_oc fills native vectors")
         add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
         add(
             dnb * doh * dow * doc * cores <= nb * oh * ow * oc,

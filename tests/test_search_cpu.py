@@ -24,6 +24,12 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _c5(vec: int, size: int, acc: int, w: int) -> bool:
+    if (vec * acc) % w == 0 or vec == size:
+        return True
+    return (size * acc) % w != 0 and vec * acc >= min(16, w) and w % (vec * acc) == 0
+
+
 def _brute_force_contraction(b: int, m: int, n: int, k: int, acc: int) -> set[tuple[int, ...]]:
     """C1-C7 restated independently of the Z3 model, by plain enumeration of divisors."""
     w, r, cores = FACTS.native_vector_bytes, FACTS.vector_registers, FACTS.cores
@@ -32,7 +38,7 @@ def _brute_force_contraction(b: int, m: int, n: int, k: int, acc: int) -> set[tu
         for vm, vn in itertools.product(_divisors(dm), _divisors(dn)):
             if (
                 vm * vn * rk * acc < MAX_VECTOR_BYTES
-                and ((vn * acc) % w == 0 or vn == n)
+                and _c5(vn, n, acc, w)
                 and vm * vn * acc <= r * w
                 and (b // db) * (m // dm) * (n // dn) >= cores
             ):
@@ -46,8 +52,9 @@ def _brute_force_contraction(b: int, m: int, n: int, k: int, acc: int) -> set[tu
         Problem.matmul(64, 48, 32, "f32"),
         Problem.matmul(32, 96, 24, "f16", transpose_b=True),
         Problem.batch_matmul(3, 32, 32, 16, "f32"),
+        Problem.matmul(40, 24, 30, "f32"),  # N not a multiple of the native width
     ],
-    ids=["matmul", "matmul_t_f16", "batch_matmul"],
+    ids=["matmul", "matmul_t_f16", "batch_matmul", "narrow"],
 )
 def test_contraction_space_equals_brute_force(problem: Problem) -> None:
     t = enumerate_candidates(problem, HOST).table
@@ -69,7 +76,7 @@ def test_conv_space_equals_brute_force() -> None:
         for vow, voc in itertools.product(_divisors(dow), _divisors(doc)):
             if (
                 vow * voc * ric * 4 < MAX_VECTOR_BYTES
-                and ((voc * 4) % w == 0 or voc == 32)
+                and _c5(voc, 32, 4, w)
                 and vow * voc * 4 <= r * w
                 and (2 // dn) * (6 // doh) * (8 // dow) * (32 // doc) >= cores
             ):
