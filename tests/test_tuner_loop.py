@@ -137,6 +137,16 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     if result.spec_path is not None:
         assert "compilation_info" not in result.spec_path.read_text()
 
+    # Compile-only (GPU targets without their GPU): built and checked, nothing run.
+    built = tmp_path / "compile_only"
+    result = tune(FIXTURE, HOST, built, fast(budget=1, compile_only=True),
+                  candidates=[Candidate(6, cpu_config((32, 32), (8, 32), 4))])
+    logged = list(read_records(built / "results.jsonl"))
+    assert [(r["kind"], r["compile_status"], r["bench_status"]) for r in logged] == [
+        ("candidate", "ok", "skipped")
+    ]
+    assert len(logged[0]["binary_sha256"]) == 64 and "Compile-only" in result.text
+
 
 _KILLABLE = """
 import sys

@@ -99,6 +99,10 @@ class TuneOptions:
     confirm_top: int = 3
     confirm_rounds: int = 3
     keep_binaries: bool = False
+    # Build and check candidates without running them (GPU targets on a machine without the GPU):
+    # the budget then counts candidates built; no baseline runs, no verification, no spec.
+    compile_only: bool = False
+    estimator: str = "min"  # time of one measurement from its repetitions: min | median
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
     def validate(self) -> None:
@@ -110,6 +114,8 @@ class TuneOptions:
             raise DispatchTuneError("--repetitions must be at least 1")
         if self.baseline_every < 1:
             raise DispatchTuneError("--baseline-every must be at least 1")
+        if self.estimator not in ("min", "median"):
+            raise DispatchTuneError("--estimator must be min or median")
 
 
 @dataclass
@@ -254,9 +260,7 @@ class _DispatchTuner:
             if r.get("problem_key") == self.problem.key and r.get("target") == target.name
         ]
         self.done = {r.get("compilation_info", "") for r in mine if r.get("kind") == "candidate"}
-        self.benchmarked = sum(
-            1 for r in mine if r.get("kind") == "candidate" and r.get("bench_status") != "skipped"
-        )
+        self.benchmarked = sum(1 for r in mine if r.get("kind") == "candidate" and self._counts(r))
         # Binaries built by earlier runs count for dedup too (same compiler, same input).
         for r in mine:
             if r.get("kind") == "candidate" and r.get("compile_status") == "ok":
@@ -267,6 +271,12 @@ class _DispatchTuner:
         self.inputs: VerifyInputs | None = None
         self.verify_note = ""
         self.default_config = ""
+
+    def _counts(self, record: dict[str, Any]) -> bool:
+        """Whether a logged candidate used up budget (was benchmarked; compile-only: was built)."""
+        if self.options.compile_only:
+            return record.get("compile_status") == "ok"
+        return record.get("bench_status") != "skipped"
 
     # -- records --------------------------------------------------------------------------------
     def _record(self, **fields: Any) -> ResultRecord:
@@ -311,7 +321,7 @@ class _DispatchTuner:
                 self.default_config = found[0] if found else ""
             except DispatchTuneError:
                 self.default_config = ""
-        if not self.options.verify:
+        if not self.options.verify or self.options.compile_only:
             self.verify_note = "verification disabled"
             return
         function = self.work_dir / "function.mlir"
@@ -431,7 +441,9 @@ class _DispatchTuner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
             records = list(read_records(self.log.path))
-        frame = summarize(records, self.problem, self.target, self.options.min_speedup).frame
+        frame = summarize(
+            records, self.problem, self.target, self.options.min_speedup, self.options.estimator
+        ).frame
         if frame is None or frame.empty:
             return
         finalists = usable_candidates(frame).head(top_n)
@@ -462,11 +474,10 @@ class _DispatchTuner:
         )
         try:
             for round_index in range(rounds):
-                result, base = benchmark_vmfb(
-                    self.baseline_vmfb, device.uri, self.settings, self.slots
-                )
-                if not result.ok:
-                    return
+                # Logged as baseline records: each round is judged against the baselines just
+                # before and just after it, like screening (see report.confirmations).
+                self._measure_baseline(device)
+                base = list(device.last_baseline_ms)
                 shift = round_index % len(binaries)  # rotate to spread any position effect
                 for row, vmfb in binaries[shift:] + binaries[:shift]:
                     run, times = benchmark_vmfb(vmfb, device.uri, self.settings, self.slots)
@@ -488,6 +499,7 @@ class _DispatchTuner:
                             verify_status=str(row.get("verify_status", "skipped")),
                         )
                     )
+            self._measure_baseline(device)
         finally:
             if not self.options.keep_binaries:
                 for _, vmfb in binaries:
@@ -548,8 +560,9 @@ class _DispatchTuner:
             return
         pending = itertools.chain([first], pending)
         self._prepare_baseline()
-        for device in self.devices:
-            self._measure_baseline(device)
+        if not self.options.compile_only:
+            for device in self.devices:
+                self._measure_baseline(device)
         ctx = self._context()
         free: queue.Queue[_Device] = queue.Queue()
         for device in self.devices:
@@ -584,6 +597,13 @@ class _DispatchTuner:
                         if compiled.status != "ok":
                             self._record_compile_only(compiled)
                             progress.note_compile(compiled.status)
+                        elif self.options.compile_only:
+                            if self.benchmarked < budget:
+                                self._record_compile_only(compiled)
+                                self.benchmarked += 1
+                                progress.note_built(compiled)
+                            if compiled.vmfb is not None:
+                                compiled.vmfb.unlink(missing_ok=True)
                         elif self.benchmarked + len(benches) < budget:
                             job = bench_pool.submit(self._bench_job, compiled, free)
                             benches[job] = compiled
@@ -611,11 +631,12 @@ class _DispatchTuner:
                 future.cancel()
             kill_children()
             compile_pool.shutdown(wait=True, cancel_futures=True)
-            # Close with a baseline on every device so that drift over the run is visible.
-            for device in self.devices:
-                if device.since_baseline:
-                    self._measure_baseline(device)
-            self._confirm(progress)
+            if not self.options.compile_only:
+                # Close with a baseline on every device so that drift over the run is visible.
+                for device in self.devices:
+                    if device.since_baseline:
+                        self._measure_baseline(device)
+                self._confirm(progress)
         except BaseException:
             self.stop.set()
             kill_children()
@@ -650,7 +671,7 @@ class _Progress:
     def note_bench(self, bench: _BenchOutcome) -> None:
         speedup = float("nan")
         if bench.times_ms and bench.baseline_times_ms and bench.verify_status != "mismatch":
-            speedup = float(np.median(bench.baseline_times_ms) / np.median(bench.times_ms))
+            speedup = min(bench.baseline_times_ms) / min(bench.times_ms)
             self.best = max(self.best, speedup)
         if bench.status != "ok":
             self.failures += 1
@@ -658,11 +679,23 @@ class _Progress:
         self.bar.update(1)
         self._postfix()
         if self.mode == "lines":
-            took = f"{np.median(bench.times_ms):.3f} ms" if bench.times_ms else bench.status
+            took = f"{min(bench.times_ms):.3f} ms" if bench.times_ms else bench.status
             print(
                 f"[{self.done}/{self.total}] {self.desc} candidate "
                 f"{bench.compiled.candidate.candidate_id}: {took} {speedup:.3f}x "
                 f"(verify {bench.verify_status}; best {self.best:.3f}x, failed {self.failures})",
+                file=sys.stderr, flush=True,
+            )
+
+    def note_built(self, compiled: CompileOutcome) -> None:
+        self.done += 1
+        self.bar.update(1)
+        self._postfix()
+        if self.mode == "lines":
+            print(
+                f"[{self.done}/{self.total}] {self.desc} candidate "
+                f"{compiled.candidate.candidate_id}: built in {compiled.compile_time_s:.2f} s "
+                f"(failed {self.failures})",
                 file=sys.stderr, flush=True,
             )
 

@@ -34,6 +34,7 @@ class DispatchSummary:
 
     problem: Problem
     benchmarked: int = 0
+    built: int = 0
     failures: dict[str, int] = field(default_factory=dict)
     reasons: dict[str, int] = field(default_factory=dict)  # most common error messages
     duplicates: int = 0
@@ -67,7 +68,25 @@ def _median(values: Any) -> float:
     return float(np.median(values)) if isinstance(values, list) and values else float("nan")
 
 
-def _bracket_baselines(frame: pd.DataFrame, records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+ESTIMATORS = ("min", "median")
+
+
+def estimate(values: Any, estimator: str = "min") -> float:
+    """One time from a measurement's repetitions.
+
+    `min` (the default) because the noise here is one-sided: measured on this shared VM, single
+    repetitions of the same binary jumped from 2.5 to 7-9 ms while other jobs ran, moving medians
+    by 2x, whereas the minimum of each measurement stayed within a few percent.
+    """
+    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
+        return float("nan")
+    arr = np.asarray(values, dtype=float)
+    return float(arr.min() if estimator == "min" else np.median(arr))
+
+
+def _bracket_baselines(
+    frame: pd.DataFrame, records: Sequence[dict[str, Any]], estimator: str
+) -> pd.DataFrame:
     """Normalise each candidate by the baselines just before and just after it on its device.
 
     The log stores the baseline measured before a candidate (all that is known when it is
@@ -79,12 +98,19 @@ def _bracket_baselines(frame: pd.DataFrame, records: Sequence[dict[str, Any]]) -
         {
             "device": [r.get("device", "") for r in records if r.get("kind") == "baseline"],
             "timestamp": [r.get("timestamp", 0.0) for r in records if r.get("kind") == "baseline"],
-            "median": [_median(r.get("times_ms")) for r in records if r.get("kind") == "baseline"],
+            "median": [
+                estimate(r.get("times_ms"), estimator)
+                for r in records
+                if r.get("kind") == "baseline"
+            ],
         }
     )
-    if base.empty:
-        return frame
     frame = frame.copy()
+    frame["time_ms"] = [estimate(t, estimator) for t in frame["times_ms"]]
+    frame["baseline_ref_ms"] = np.nan
+    if base.empty:
+        frame["speedup"] = np.nan
+        return frame
     for device, group in base.sort_values("timestamp").groupby("device"):
         rows = (frame["device"] == device).to_numpy()
         if not rows.any():
@@ -97,13 +123,17 @@ def _bracket_baselines(frame: pd.DataFrame, records: Sequence[dict[str, Any]]) -
         after = np.clip(after, 0, len(stamps) - 1)
         # The faster of the two: load from other jobs only ever slows a measurement down, so
         # this never credits a candidate with a speedup that came from a loaded baseline.
-        frame.loc[rows, "baseline_median_ms"] = np.minimum(medians[before], medians[after])
-    frame["speedup"] = frame["baseline_median_ms"] / frame["median_ms"]
+        frame.loc[rows, "baseline_ref_ms"] = np.minimum(medians[before], medians[after])
+    frame["speedup"] = frame["baseline_ref_ms"] / frame["time_ms"]
     return frame
 
 
 def summarize(
-    records: Sequence[dict[str, Any]], problem: Problem, target: Target, min_speedup: float
+    records: Sequence[dict[str, Any]],
+    problem: Problem,
+    target: Target,
+    min_speedup: float,
+    estimator: str = "min",
 ) -> DispatchSummary:
     mine = [
         r for r in records if r.get("problem_key") == problem.key and r.get("target") == target.name
@@ -122,10 +152,11 @@ def summarize(
     summary.frame = frame
     if frame.empty:
         return summary
-    frame = _bracket_baselines(frame.sort_values("timestamp", kind="stable"), mine)
+    frame = _bracket_baselines(frame.sort_values("timestamp", kind="stable"), mine, estimator)
     summary.frame = frame
     benched = frame[frame["bench_status"] != "skipped"]
     summary.benchmarked = len(benched)
+    summary.built = int((frame["compile_status"] == "ok").sum())
     failed = frame[
         ~frame["compile_status"].isin(["ok", "duplicate"]) | ~frame["bench_status"].isin(
             ["ok", "skipped"]
@@ -153,7 +184,7 @@ def summarize(
     usable = usable_candidates(frame)
     if usable.empty:
         return summary
-    confirmed = confirmations(mine)
+    confirmed = confirmations(mine, estimator)
     if not confirmed.empty:
         # The interleaved re-measurements decide: screening picked the finalists, and one
         # screening measurement is too noisy on a shared machine to name the winner.
@@ -167,7 +198,7 @@ def summarize(
     else:
         best = usable.iloc[0]
         summary.speedup = float(best["speedup"])
-        per_rep = float(best["baseline_median_ms"]) / np.asarray(best["times_ms"], dtype=float)
+        per_rep = float(best["baseline_ref_ms"]) / np.asarray(best["times_ms"], dtype=float)
         summary.speedup_low, summary.speedup_high = float(per_rep.min()), float(per_rep.max())
     summary.best = {str(k): v for k, v in best.items()}
     summary.in_spec = summary.speedup > min_speedup
@@ -186,29 +217,33 @@ def usable_candidates(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[ok].sort_values("speedup", ascending=False, kind="stable")
 
 
-def confirmations(records: Sequence[dict[str, Any]]) -> pd.DataFrame:
+def confirmations(records: Sequence[dict[str, Any]], estimator: str = "min") -> pd.DataFrame:
     """Per confirmed candidate: median speedup over its rounds, range over rounds x repetitions.
 
-    Each `confirm` record holds one round: the candidate's repetitions and the baseline measured
-    in the same round, so every ratio compares measurements taken seconds apart.
+    Each `confirm` record is one round of one finalist; a baseline is measured before every round
+    and after the last, and each round is judged against the faster of the two baselines around
+    it (as in screening), so every ratio compares measurements taken seconds apart and a burst of
+    outside load on one baseline cannot make a finalist look fast.
     """
-    rows = []
-    for r in records:
-        if r.get("kind") != "confirm" or not r.get("times_ms") or not r.get("baseline_times_ms"):
-            continue
-        times = np.asarray(r["times_ms"], dtype=float)
-        base = float(np.median(r["baseline_times_ms"]))
-        rows.append(
-            {
-                "candidate_id": r["candidate_id"],
-                "ratio": base / float(np.median(times)),
-                "low": float((base / times).min()),
-                "high": float((base / times).max()),
-            }
-        )
-    if not rows:
+    confirm = [
+        r for r in records
+        if r.get("kind") == "confirm" and r.get("times_ms") and r.get("bench_status") == "ok"
+    ]
+    if not confirm:
         return pd.DataFrame(columns=["candidate_id", "speedup", "low", "high", "rounds"])
-    frame = pd.DataFrame(rows)
+    frame = _bracket_baselines(pd.DataFrame(confirm), records, estimator)
+    frame = frame[frame["baseline_ref_ms"].notna()]
+    if frame.empty:
+        return pd.DataFrame(columns=["candidate_id", "speedup", "low", "high", "rounds"])
+    per_rep = [
+        float(b) / np.asarray(t, dtype=float)
+        for b, t in zip(frame["baseline_ref_ms"], frame["times_ms"], strict=True)
+    ]
+    frame = frame.assign(
+        ratio=frame["speedup"],
+        low=[float(r.min()) for r in per_rep],
+        high=[float(r.max()) for r in per_rep],
+    )
     grouped = frame.groupby("candidate_id").agg(
         speedup=("ratio", "median"), low=("low", "min"), high=("high", "max"),
         rounds=("ratio", "size"),
@@ -225,7 +260,8 @@ def describe(summary: DispatchSummary) -> list[str]:
     """Console lines for one dispatch."""
     lines = [f"{summary.problem.key}: {summary.problem.describe()}"]
     lines.append(
-        f"  benchmarked {summary.benchmarked}, duplicates {summary.duplicates}, "
+        f"  built {summary.built}, benchmarked {summary.benchmarked}, "
+        f"duplicates {summary.duplicates}, "
         f"failures: " + (
             ", ".join(f"{k} {v}" for k, v in sorted(summary.failures.items())) or "none"
         )
@@ -248,11 +284,15 @@ def describe(summary: DispatchSummary) -> list[str]:
         lines.append(f"  MISCOMPILES (output differs from default): {summary.miscompiles}")
     best = summary.best
     if best is None:
-        lines.append("  no candidate was measured successfully")
+        lines.append(
+            "  compile-only: nothing was benchmarked"
+            if summary.built and not summary.benchmarked and not summary.baseline_ms
+            else "  no candidate was measured successfully"
+        )
         return lines
     lines.append(
         f"  best: candidate {best['candidate_id']} {best.get('pipeline', '')} "
-        f"{_fmt_ms(best['times_ms'])} vs default {best['baseline_median_ms']:.3f} ms"
+        f"{_fmt_ms(best['times_ms'])} vs default {best['baseline_ref_ms']:.3f} ms"
     )
     verdict = (
         "written to the spec"
@@ -351,7 +391,7 @@ def _markdown(
             )
         if not top.empty:
             out.append(
-                "| candidate | rank | pipeline | knobs | median ms | screening speedup | "
+                "| candidate | rank | pipeline | knobs | time ms | screening speedup | "
                 "confirmed speedup | verify |"
             )
             out.append("|---|---|---|---|---|---|---|---|")
@@ -366,7 +406,7 @@ def _markdown(
                 again = confirmed.get(int(row["candidate_id"]))
                 out.append(
                     f"| {row['candidate_id']} | {row.get('rank', '')} | {row.get('pipeline', '')} "
-                    f"| {knobs} | {row['median_ms']:.3f} | {row['speedup']:.3f} | "
+                    f"| {knobs} | {row['time_ms']:.3f} | {row['speedup']:.3f} | "
                     f"{'' if again is None else f'{again:.3f}'} | {row['verify_status']} |"
                 )
             out.append("")
@@ -402,10 +442,14 @@ def write_outputs(
     from dispatchtune.tuner.spec import tuning_spec, write_spec
     from dispatchtune.tuner.worker import BINDINGS_LOCK
 
-    summaries = [summarize(records, p, target, options.min_speedup) for p in problems]
+    summaries = [
+        summarize(records, p, target, options.min_speedup, options.estimator) for p in problems
+    ]
     entries = [
         (s.problem, str(s.best["compilation_info"])) for s in summaries if s.in_spec and s.best
     ]
+    if options.compile_only:
+        entries = []
     spec_path: Path | None = out / "tuning_spec.mlir"
     try:
         with BINDINGS_LOCK:
@@ -421,7 +465,9 @@ def write_outputs(
     else:
         (out / "tuning_spec.mlir").unlink(missing_ok=True)
         spec_path = None
-    if entries:
+    if options.compile_only:
+        spec_note = "Compile-only run: candidates were built and checked, none was benchmarked."
+    elif entries:
         spec_note = (
             f"`tuning_spec.mlir` configures {len(entries)} of {len(summaries)} dispatch(es); "
             f"pass it with `{target.tuning_spec_flag}=tuning_spec.mlir`."

@@ -73,6 +73,16 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--confirm-rounds", type=int, default=3, help="rounds of that re-measurement (default 3)"
     )
+    parser.add_argument(
+        "--compile-only", action="store_true",
+        help="build and check candidates without running them (e.g. a GPU target on a machine "
+        "without that GPU); the budget counts candidates built",
+    )
+    parser.add_argument(
+        "--estimator", choices=("min", "median"), default="min",
+        help="time of a measurement from its repetitions (default min: outside load only "
+        "slows runs down)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed for random order and inputs")
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (default: on a terminal)"
@@ -99,6 +109,8 @@ def run_tune(args: argparse.Namespace) -> int:
         verify=not args.no_verify,
         seed=args.seed,
         min_speedup=args.min_speedup,
+        compile_only=args.compile_only,
+        estimator=args.estimator,
         confirm_top=max(0, args.confirm_top),
         confirm_rounds=max(0, args.confirm_rounds),
         progress=False if args.no_progress else None,
