@@ -23,7 +23,7 @@ from typing import Any
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import first_error_line, run_tool
+from dispatchtune.tuner.process import native_tool, run_process
 
 BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
 
@@ -74,9 +74,9 @@ def is_dispatch_benchmark(text: str) -> bool:
 def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) -> list[Path]:
     """Compile a model/function and dump one benchmark file per dispatch into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    proc = run_tool(
-        "iree-compile",
+    proc = run_process(
         [
+            native_tool("iree-compile"),
             str(input_path),
             *target.compile_flags,
             f"--iree-hal-dump-executable-benchmarks-to={out_dir}",
@@ -84,10 +84,10 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
             "-o",
             "/dev/null",
         ],
-        timeout=600,
+        600,
     )
-    if proc.returncode != 0:
-        raise InputError(f"iree-compile failed on {input_path}: {first_error_line(proc.stderr)}")
+    if not proc.ok:
+        raise InputError(f"iree-compile {proc.status} on {input_path}: {proc.error}")
     files = sorted(out_dir.glob("*_benchmark.mlir"))
     if not files:
         raise InputError(f"{input_path}: iree-compile dumped no dispatch benchmarks")
@@ -96,11 +96,13 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
 
 def strip_compilation_info(path: Path, out_path: Path) -> Path:
     """Remove the compiler's configs so a tuning spec decides the configuration."""
-    proc = run_tool(
-        "iree-opt", [str(path), "--iree-codegen-strip-compilation-info", "-o", str(out_path)]
+    proc = run_process(
+        [native_tool("iree-opt"), str(path), "--iree-codegen-strip-compilation-info",
+         "-o", str(out_path)],
+        300,
     )
-    if proc.returncode != 0:
-        raise InputError(f"iree-opt could not strip {path}: {first_error_line(proc.stderr)}")
+    if not proc.ok:
+        raise InputError(f"iree-opt could not strip {path}: {proc.error}")
     return out_path
 
 
