@@ -250,21 +250,26 @@ def _dims_operands(op: Any) -> tuple[int, ...]:
 def enumerate_space(space: GpuSpace, limit: int | None = None) -> pd.DataFrame:
     """Every solution of one constraint set as a candidate table (deduplicated on the knobs)."""
     system = space.system()
-    chunks: list[dict[str, np.ndarray]] = []
-    total = 0
-    for chunk in system.solve():
-        chunks.append(chunk)
-        total += len(next(iter(chunk.values())))
-        if limit is not None and total >= limit * 2:
-            break
     names = list(system.variables)
-    cols = {
-        n: np.concatenate([c[n] for c in chunks]) if chunks else np.zeros(0, np.int64)
-        for n in names
-    }
-    knobs = pd.DataFrame({f"knob_{k}": cols[k] for k in space.knobs})
-    keep = ~knobs.duplicated().to_numpy()  # aux SMT variables may repeat a knob assignment
-    cols = {n: v[keep] for n, v in cols.items()}
+    parts: list[pd.DataFrame] = []
+    kept = 0
+    for chunk in system.solve():
+        part = pd.DataFrame({n: chunk[n] for n in names})
+        parts.append(part)
+        kept += len(part)
+        if limit is not None and kept >= limit:
+            # Auxiliary SMT variables could repeat a knob assignment: count distinct ones.
+            merged = pd.concat(parts, ignore_index=True)
+            kept = int((~merged[list(space.knobs)].duplicated()).sum()) if len(space.knobs) else 0
+            parts = [merged]
+            if kept >= limit:
+                break
+    if parts:
+        solutions = pd.concat(parts, ignore_index=True)
+    else:
+        solutions = pd.DataFrame({n: np.zeros(0, dtype=np.int64) for n in names})
+    solutions = solutions[~solutions[list(space.knobs)].duplicated()]
+    cols = {n: solutions[n].to_numpy(dtype=np.int64) for n in names}
     table = gpu_columns(space, cols)
     if limit is not None:
         table = table.iloc[:limit].reset_index(drop=True)

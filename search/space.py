@@ -2,7 +2,8 @@
 
 One row per candidate, in a deterministic order (RangeIndex 0..n-1). Columns and units:
 
-Common to every row
+Common to every row (int64 columns, except `pipeline`, a categorical of the four pipeline
+names, and `intrinsic`, str)
     pipeline (str)        "DoubleTilingExpert" / "ConvTileAndDecomposeExpert" (llvm-cpu),
                           "TileAndFuse" / "VectorDistribute" (GPU).
     space (int)           which constraint set the row came from: the index of IREE's
@@ -91,9 +92,17 @@ def finish_table(columns: dict[str, Any], rows: int) -> pd.DataFrame:
             data[name] = values
     table = pd.DataFrame(data)
     for name in table.columns:
-        if name not in STRING_COLUMNS:
-            table[name] = table[name].astype(np.int64)
+        table[name] = _typed(table[name], name)
     return table
+
+
+def _typed(column: pd.Series, name: str) -> pd.Series:
+    if name == "pipeline":
+        # Fixed categories: the dtype does not depend on which pipelines a table holds.
+        return column.astype(pd.CategoricalDtype([*CPU_PIPELINES, *GPU_PIPELINES]))
+    if name in STRING_COLUMNS:
+        return column.astype(object)
+    return column.astype(np.int64)
 
 
 @dataclass
@@ -149,5 +158,6 @@ class CandidateSet:
         table = pd.concat(tables, ignore_index=True) if tables else first.table
         for name in table.columns:
             if name.startswith("knob_"):
-                table[name] = table[name].fillna(-1).astype(np.int64)
+                table[name] = table[name].fillna(-1)
+            table[name] = _typed(table[name], name)
         return cls(first.problem, first.target, table.reset_index(drop=True), materializers)
