@@ -110,7 +110,8 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
         problem = Problem.from_dict(group["problem"].iloc[0])
         target = get_target(str(target_name))
         features = extract_features(problem, target, group)
-        label = f"{target.name} {problem.describe()}"
+        loops = "x".join(str(size) for size in problem.loop_sizes)
+        label = f"{target.name} {problem.kind} {loops} {'x'.join(problem.input_types)}"
         orders = set(group["order"].dropna().astype(str)) if "order" in group else set()
         if "heuristic" in orders:
             # A budgeted run in heuristic order measured the heuristic's own favourites: unless

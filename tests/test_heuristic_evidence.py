@@ -62,7 +62,7 @@ def test_script_on_kernel_tuner_and_results(
     assert code == 0
     text = md.read_text()
     assert "NVIDIA GeForce RTX 2080 Ti GEMM 4096x4096x4096 | 200 |" in text
-    assert "| IREE results.jsonl | host contraction m=256 n=256 k=256" in text
+    assert "| IREE results.jsonl | host contraction 256x256x256 f32xf32 |" in text
     assert "| 18 |" in text  # 18 valid candidates: the failed compile is not counted
     assert png.stat().st_size > 10_000
     assert "heuristic-ordered" not in capsys.readouterr().err
