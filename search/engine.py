@@ -195,6 +195,8 @@ class ConstraintSystem:
         if any(lo > hi for lo, hi in self.bounds.values()):
             return
         order = self.plan()
+        if not order:
+            return
         enumerated = [name for name, expr in order if expr is None]
         too_wide = self.unbounded(enumerated)
         if too_wide:

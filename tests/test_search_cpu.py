@@ -90,7 +90,7 @@ def test_conv_space_equals_brute_force() -> None:
 
 
 def test_every_candidate_satisfies_the_z3_model() -> None:
-    problem = Problem.matmul(128, 64, 96, "f32")
+    problem = Problem.matmul(64, 64, 48, "f32")
     model = cpu_model(problem, FACTS)
     t = enumerate_candidates(problem, HOST).table
     solver = z3.Solver()
