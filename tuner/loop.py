@@ -271,6 +271,10 @@ class _DispatchTuner:
         self.inputs: VerifyInputs | None = None
         self.verify_note = ""
         self.default_config = ""
+        self.function_mlir: Path | None = None  # set once the default's reference output exists
+        self.baseline_vmfb = work_dir / "baseline" / "dispatch.vmfb"
+        self.baseline_compile_s = 0.0
+        self.baseline_sha = ""
 
     def _counts(self, record: dict[str, Any]) -> bool:
         """Whether a logged candidate used up budget (was benchmarked; compile-only: was built)."""
@@ -300,7 +304,6 @@ class _DispatchTuner:
         directory.mkdir(parents=True, exist_ok=True)
         spec = None  # the compiler default: no spec at all
         ctx = self._context()
-        self.baseline_vmfb = directory / "dispatch.vmfb"
         # The default build must succeed whatever the per-candidate timeout is.
         generous = max(self.options.compile_timeout_s, 300.0)
         result = compile_module(ctx, self.prepared.benchmark, spec, self.baseline_vmfb,
@@ -345,7 +348,7 @@ class _DispatchTuner:
             self.verify_note = f"default build did not run ({run.status}: {run.error})"
             return
         self.reference = output
-        self.function_mlir: Path | None = function
+        self.function_mlir = function
 
     def _measure_baseline(self, device: _Device) -> None:
         result, times = benchmark_vmfb(self.baseline_vmfb, device.uri, self.settings, self.slots)
@@ -376,7 +379,7 @@ class _DispatchTuner:
             problem=self.problem,
             target=self.target,
             benchmark_mlir=self.prepared.benchmark,
-            function_mlir=getattr(self, "function_mlir", None),
+            function_mlir=self.function_mlir,
             work_dir=self.work_dir,
             timeout_s=self.options.compile_timeout_s,
             slots=self.slots,
@@ -777,8 +780,10 @@ def tune(
             finally:
                 progress.close()
             if not options.keep_binaries:
-                for leftover in (work / dispatch.problem.key).glob("c*/*.vmfb"):
-                    leftover.unlink(missing_ok=True)
+                # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
+                for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
+                    for leftover in (work / dispatch.problem.key).glob(pattern):
+                        leftover.unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
         records = list(read_records(results_path))
