@@ -352,6 +352,30 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
     return finish_table(columns, rows)
 
 
+WAVES_PER_EU = "waves_per_eu"
+
+
+def _with_waves_per_eu(info: Any, waves: int) -> Any:
+    """The same compilation_info with `llvm_func_attrs = {"amdgpu-waves-per-eu" = "N"}` added."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+
+    info = iree_codegen.CompilationInfoAttr(info)
+    old = info.translation_info
+    entries = {}
+    if old.configuration is not None:
+        config = ir.DictAttr(old.configuration)
+        entries = {config[i].name: config[i].attr for i in range(len(config))}
+    entries["llvm_func_attrs"] = ir.DictAttr.get(
+        {"amdgpu-waves-per-eu": ir.StringAttr.get(str(waves))}
+    )
+    translation = iree_codegen.TranslationInfoAttr.get(
+        old.pass_pipeline, old.codegen_spec, list(old.workgroup_size), old.subgroup_size,
+        ir.DictAttr.get(entries),
+    )
+    return iree_codegen.CompilationInfoAttr.get(info.lowering_config, translation)
+
+
 class GpuMaterializer:
     """Materialises `compilation_info` for GPU rows with IREE (keeps one parsed module)."""
 
@@ -375,8 +399,12 @@ class GpuMaterializer:
         context, _, ops = self._state
         space = int(row["space"])
         assignment = {k: int(row[f"knob_{k}"]) for k in self.knobs[space]}
+        waves = int(row.get(f"knob_{WAVES_PER_EU}", 0))
         with context:
-            return str(iree_codegen.materialize_compilation_info(ops[space], assignment))
+            info = iree_codegen.materialize_compilation_info(ops[space], assignment)
+            if waves > 0:
+                info = _with_waves_per_eu(info, waves)
+            return str(info)
 
 
 def enumerate_gpu(
@@ -428,16 +456,28 @@ def enumerate_gpu(
 def _cross_extra(
     table: pd.DataFrame, space: GpuSpace, extra: Mapping[str, Sequence[int]]
 ) -> pd.DataFrame:
-    """Replace knobs IREE fixes (e.g. prefetch_num_stages) by explicit extra dimensions."""
+    """Replace knobs IREE fixes (e.g. prefetch_num_stages) by explicit extra dimensions.
+
+    `waves_per_eu` (AMD only) is not an IREE knob: it becomes the LLVM function attribute
+    `amdgpu-waves-per-eu` in the translation_info configuration (0 = compiler default).
+    """
     for knob, values in extra.items():
-        if knob not in space.knobs:
+        if knob == WAVES_PER_EU:
+            amd = any(i.startswith(("MFMA", "WMMA")) for i in space.intrinsics)
+            if not amd:
+                raise DispatchTuneError("waves_per_eu applies to AMD targets only")
+        elif knob not in space.knobs:
             raise DispatchTuneError(f"{space.pipeline} has no knob {knob!r} to vary")
+        if not values or any(int(v) < 0 for v in values):
+            raise DispatchTuneError(f"extra knob {knob!r} needs non-negative values")
         parts = []
         for v in values:
             part = table.copy()
             part[f"knob_{knob}"] = int(v)
             if knob == "prefetch_num_stages":
                 part["prefetch_stages"] = int(v)
+            if knob == WAVES_PER_EU:
+                part["waves_per_eu"] = int(v)
             parts.append(part)
         # Row-major: each configuration with every extra value in turn (stable, deterministic).
         order = np.arange(len(table) * len(parts)).reshape(len(parts), len(table)).T.ravel()

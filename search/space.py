@@ -33,6 +33,8 @@ GPU rows (CPU rows hold "" / 0)
     subgroup_size (int)   threads per subgroup (64 on CDNA, 32/64 on RDNA, 32 on NVIDIA).
     workgroup_threads (int)  threads per workgroup (product of `workgroup_size`).
     prefetch_stages (int)  `prefetch_num_stages` of the GPU pipeline options.
+    waves_per_eu (int)    AMD occupancy hint `amdgpu-waves-per-eu` when enumerated as an extra
+                          knob (`extra_knobs={"waves_per_eu": ...}`); 0 = compiler default.
 
 Raw knobs (int)
     knob_<name>           GPU: IREE's knob values exactly as its constraints name them (`wg_0`,
@@ -63,7 +65,8 @@ from dispatchtune.targets import Target
 COLUMNS: tuple[str, ...] = (
     "pipeline", "space", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups",
     "intrinsic", "mma_m", "mma_n", "mma_k", "subgroups_m", "subgroups_n", "subgroup_size",
-    "workgroup_threads", "prefetch_stages", "igemm", "tile_oh", "tile_ow", "vec_ow",
+    "workgroup_threads", "prefetch_stages", "waves_per_eu", "igemm", "tile_oh", "tile_ow",
+    "vec_ow",
 )
 STRING_COLUMNS = ("pipeline", "intrinsic")
 CPU_PIPELINES = ("DoubleTilingExpert", "ConvTileAndDecomposeExpert")

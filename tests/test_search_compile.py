@@ -121,3 +121,10 @@ def _compile_rc(
          "-o", "/dev/null"],
     )
     return proc.returncode, first_error_line(proc.stderr)
+
+
+def test_waves_per_eu_extra_knob_applies_on_gfx942(tmp_path: Path) -> None:
+    target = get_target("gfx942")
+    source, seen = _seen(Problem.matmul(256, 256, 256, "f16"), target, tmp_path)
+    cands = enumerate_candidates(seen, target, limit=2, extra_knobs={"waves_per_eu": (0, 2)})
+    _check(source, seen, target, cands.compilation_info(1), tmp_path / "w.vmfb", full=False)

@@ -116,7 +116,17 @@ def test_extra_knob_prefetch_stages_is_an_explicit_dimension() -> None:
     assert list(wide.table["prefetch_stages"][:4]) == [1, 3, 1, 3]
     assert "prefetch_num_stages = 3" in wide.compilation_info(1)
     with pytest.raises(DispatchTuneError, match="no knob"):
-        enumerate_candidates(SMALL, "gfx942", extra_knobs={"waves_per_eu": (1, 2)})
+        enumerate_candidates(SMALL, "gfx942", extra_knobs={"wave_count": (1, 2)})
+
+
+def test_extra_knob_waves_per_eu_on_amd_only() -> None:
+    waves = enumerate_candidates(SMALL, "gfx942", limit=2, extra_knobs={"waves_per_eu": (0, 2)})
+    assert list(waves.table["waves_per_eu"]) == [0, 2]
+    assert "amdgpu-waves-per-eu" not in waves.compilation_info(0)
+    assert 'llvm_func_attrs = {"amdgpu-waves-per-eu" = "2"}' in waves.compilation_info(1)
+    assert (enumerate_candidates(SMALL, "gfx942", limit=3).table["waves_per_eu"] == 0).all()
+    with pytest.raises(DispatchTuneError, match="AMD targets only"):
+        enumerate_candidates(SMALL, "sm_80", extra_knobs={"waves_per_eu": (2,)})
 
 
 def test_convolution_spaces_map_to_the_gemm_view() -> None:
