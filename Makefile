@@ -19,8 +19,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # Tune the shipped 512^3 f32 matmul for this machine's CPU: enumerate, order, compile, benchmark,
-# verify, and write $(DEMO_DIR)/tuning_spec.mlir, results.jsonl and summary.md.
+# verify, and write $(DEMO_DIR)/tuning_spec.mlir, results.jsonl and summary.md. Starts fresh each time
+# (the loop itself resumes an existing output directory).
 demo: $(STAMP)
+	rm -rf $(DEMO_DIR)
 	$(BIN)/dispatchtune tune examples/matmul_f32_512.mlir --target host --budget 30 --output-dir $(DEMO_DIR)
 
 lint: $(STAMP)

@@ -14,19 +14,37 @@ from dispatchtune.errors import DispatchTuneError
 IREE_VERSION = "3.13.0"
 
 
+_COMPILER_TOOLS = ("iree-compile", "iree-opt", "iree-link", "iree-lld")
+
+
 @functools.cache
 def tool_path(name: str) -> str:
-    """Absolute path of an IREE tool (`iree-compile`, `iree-benchmark-module`, ...).
+    """Absolute path of an IREE tool's real executable (`iree-compile`, `iree-benchmark-module`, ...).
 
-    The tools next to the running interpreter win over PATH, so a virtual environment's pinned
-    IREE is used even when another IREE is installed system-wide.
+    The wheels' console scripts start a Python interpreter that then spawns the binary: measured
+    here, 0.3-0.45 s per call against 0.01-0.02 s direct, on each of the ~5 tool runs per candidate,
+    so the binary inside the installed wheel is used. Falls back to the console script next to the
+    running interpreter (a virtual environment's pinned IREE wins over PATH), then to PATH.
     """
+    try:
+        if name in _COMPILER_TOOLS:
+            from iree.compiler.tools.binaries import find_tool  # type: ignore[import-not-found]
+
+            found = Path(find_tool(name))
+        else:
+            from iree._runtime import libs  # type: ignore[import-not-found]
+
+            found = Path(libs.library_path) / name  # honours IREE_PY_RUNTIME (e.g. tracy)
+        if found.is_file() and os.access(found, os.X_OK):
+            return str(found.resolve())
+    except (ImportError, OSError, ValueError):
+        pass
     beside = Path(sys.executable).parent / name
     if beside.exists() and os.access(beside, os.X_OK):
         return str(beside)
-    found = shutil.which(name)
-    if found:
-        return found
+    found_on_path = shutil.which(name)
+    if found_on_path:
+        return found_on_path
     raise DispatchTuneError(
         f"{name} not found: install iree-base-compiler/iree-base-runtime=={IREE_VERSION}"
     )

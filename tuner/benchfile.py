@@ -23,7 +23,8 @@ from typing import Any
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.tuner.process import native_tool, run_process
+from dispatchtune.toolchain import tool_path
+from dispatchtune.tuner.process import run_process
 
 BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
 
@@ -76,7 +77,7 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     proc = run_process(
         [
-            native_tool("iree-compile"),
+            tool_path("iree-compile"),
             str(input_path),
             *target.compile_flags,
             f"--iree-hal-dump-executable-benchmarks-to={out_dir}",
@@ -97,7 +98,7 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
 def strip_compilation_info(path: Path, out_path: Path) -> Path:
     """Remove the compiler's configs so a tuning spec decides the configuration."""
     proc = run_process(
-        [native_tool("iree-opt"), str(path), "--iree-codegen-strip-compilation-info",
+        [tool_path("iree-opt"), str(path), "--iree-codegen-strip-compilation-info",
          "-o", str(out_path)],
         300,
     )

@@ -124,7 +124,7 @@ class TuneResult:
 
     output_dir: Path
     results_path: Path
-    spec_path: Path
+    spec_path: Path | None
     summary_path: Path
     plot_path: Path | None
     summaries: list[Any] = field(default_factory=list)
@@ -458,7 +458,7 @@ class _DispatchTuner:
             if r.get("kind") == "candidate" and r.get("problem_key") == self.problem.key
         }
         ctx = self._context()
-        binaries: list[tuple[dict[str, Any], Path]] = []
+        binaries: list[tuple[dict[Any, Any], Path]] = []
         for row in finalists.to_dict("records"):
             directory = self.work_dir / f"c{row['candidate_id']}"
             directory.mkdir(parents=True, exist_ok=True)
@@ -591,7 +591,8 @@ class _DispatchTuner:
                     compiles[compile_pool.submit(compile_candidate, ctx, candidate)] = candidate
                 if not benches and (not compiles or self.benchmarked >= budget):
                     break
-                done, _ = wait([*compiles, *benches], return_when=FIRST_COMPLETED)
+                in_flight: list[Future[Any]] = [*compiles, *benches]
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                 for future in done:
                     if future in compiles:
                         del compiles[future]
@@ -643,7 +644,8 @@ class _DispatchTuner:
         except BaseException:
             self.stop.set()
             kill_children()
-            for pending_future in [*compiles, *benches]:
+            cancelled: list[Future[Any]] = [*compiles, *benches]
+            for pending_future in cancelled:
                 pending_future.cancel()
             raise
         finally:

@@ -8,43 +8,14 @@ child's failure for a candidate's: the loop decides when children die and discar
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from dispatchtune.toolchain import first_error_line, tool_path
-
-_COMPILER_TOOLS = ("iree-compile", "iree-opt", "iree-link", "iree-lld")
-
-
-@functools.cache
-def native_tool(name: str) -> str:
-    """The real executable of an IREE tool, bypassing the wheel's Python console script.
-
-    The console scripts in the venv's bin/ start a Python interpreter that then spawns the real
-    binary: measured here, 0.3-0.45 s per call against 0.01-0.02 s direct, on every one of the
-    ~5 tool runs per candidate. Falls back to `tool_path` when the wheel layout is unknown.
-    """
-    try:
-        if name in _COMPILER_TOOLS:
-            from iree.compiler.tools.binaries import find_tool
-
-            found = Path(find_tool(name))
-        else:
-            from iree._runtime import libs  # honours IREE_PY_RUNTIME (e.g. the tracy variant)
-
-            found = Path(libs.library_path) / name
-        if found.is_file() and os.access(found, os.X_OK):
-            return str(found.resolve())
-    except (ImportError, OSError, ValueError):
-        pass
-    return tool_path(name)
-
+from dispatchtune.toolchain import first_error_line
 
 _LIVE: set[subprocess.Popen[str]] = set()
 _LIVE_LOCK = threading.Lock()

@@ -43,20 +43,16 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         raise DispatchTuneError("a tuning spec can hold one configuration per problem")
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.create()
-        for attr in _SPEC_ATTRS:
+        # The default-entrypoint format demands a `foreach_match`; a spec that configures nothing
+        # (the compiler-default baseline) is a plain library whose entry point only yields.
+        for attr in _SPEC_ATTRS if entries else _SPEC_ATTRS[:1]:
             module.operation.attributes[attr] = ir.UnitAttr.get()
         any_op = transform.AnyOpType.get()
         any_param = transform.AnyParamType.get()
         readonly = {"transform.readonly": ir.UnitAttr.get()}
         with ir.InsertionPoint(module.body):
-            apply = transform.NamedSequenceOp(
-                "apply_op_config", [any_op, any_param], [], arg_attrs=[readonly, readonly]
-            )
-            with ir.InsertionPoint(apply.body):
-                transform.AnnotateOp(
-                    apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0]
-                )
-                transform.YieldOp([])
+            if entries:
+                _emit_apply_op_config(any_op, any_param, readonly)
             for (problem, config), name in zip(entries, names, strict=True):
                 matcher = transform.NamedSequenceOp(
                     name, [any_op], [any_op, any_param], arg_attrs=[readonly]
@@ -94,6 +90,19 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
             raise DispatchTuneError("built tuning spec failed to verify")
         return str(module)
+
+
+def _emit_apply_op_config(any_op: Any, any_param: Any, readonly: dict[str, Any]) -> None:
+    """`@apply_op_config(op, config)`: annotate a matched op with its `compilation_info`."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import transform
+
+    apply = transform.NamedSequenceOp(
+        "apply_op_config", [any_op, any_param], [], arg_attrs=[readonly, readonly]
+    )
+    with ir.InsertionPoint(apply.body):
+        transform.AnnotateOp(apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0])
+        transform.YieldOp([])
 
 
 def _emit_match(problem: Problem, handle: Any) -> None:
@@ -164,11 +173,10 @@ def check_spec(text: str) -> None:
             module = ir.Module.parse(text)
         except ir.MLIRError as exc:
             raise DispatchTuneError(f"invalid tuning spec: {_mlir_error(exc)}") from None
-        attrs = module.operation.attributes
-        if not any(a in attrs for a in ("iree_codegen.tuning_spec_with_default_entrypoint",)):
-            raise DispatchTuneError(
-                "tuning spec lacks the iree_codegen.tuning_spec_with_default_entrypoint attribute"
-            )
+        if "transform.with_named_sequence" not in module.operation.attributes:
+            raise DispatchTuneError("tuning spec lacks the transform.with_named_sequence attribute")
+        if not module.operation.verify():  # pragma: no cover - verify raises on failure
+            raise DispatchTuneError("tuning spec failed to verify")
 
 
 def applied_configs(

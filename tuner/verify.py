@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from dispatchtune.problem import Problem
-from dispatchtune.tuner.process import ProcessResult, native_tool, run_process
+from dispatchtune.toolchain import tool_path
+from dispatchtune.tuner.process import ProcessResult, run_process
 
 
 def numpy_dtype(element_type: str) -> np.dtype | None:
@@ -96,7 +97,7 @@ def run_function(
     out_path.unlink(missing_ok=True)
     result = run_process(
         [
-            native_tool("iree-run-module"),
+            tool_path("iree-run-module"),
             f"--module={vmfb}",
             f"--device={device}",
             "--function=main",

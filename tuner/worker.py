@@ -26,7 +26,8 @@ import numpy as np
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.tuner.process import ProcessResult, native_tool, run_process
+from dispatchtune.toolchain import tool_path
+from dispatchtune.tuner.process import ProcessResult, run_process
 
 # IREE's Python bindings are used in-process for spec building and reading applied configs; one
 # context at a time keeps them away from any thread-safety question.
@@ -153,7 +154,7 @@ def compile_module(
     flags = list(ctx.target.compile_flags) if with_target_flags else []
     if spec is not None:
         flags.append(f"{ctx.target.tuning_spec_flag}={spec}")
-    command = [native_tool("iree-compile"), str(source), *flags, "-o", str(out)]
+    command = [tool_path("iree-compile"), str(source), *flags, "-o", str(out)]
     with ctx.slots.hold(1):
         result = run_process(command, timeout_s or ctx.timeout_s)
     if result.ok and (not out.exists() or out.stat().st_size == 0):
@@ -264,7 +265,7 @@ def benchmark_vmfb(
 ) -> tuple[ProcessResult, list[float]]:
     """Run a dispatch benchmark binary; return the process and each repetition's time (ms)."""
     command = [
-        native_tool("iree-benchmark-module"),
+        tool_path("iree-benchmark-module"),
         f"--module={vmfb}",
         f"--device={device}",
         f"--benchmark_repetitions={settings.repetitions}",
