@@ -44,12 +44,7 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
         if not files:
             raise InputError(f"no .mlir files in directory {path}")
         return [p for f in files for p in load_problems(f, target)]
-    if not path.is_file():
-        raise InputError(f"no such file: {path}")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from exc
+    text = read_input(path)
 
     with ir.Context():
         module = _parse(text, path)
@@ -79,6 +74,16 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
             f"{path}: no tunable root op found (no linalg contraction, conv or attention)"
         )
     return problems
+
+
+def read_input(path: Path) -> str:
+    """The text of an input file; a missing or unreadable file is a one-line `InputError`."""
+    if not path.is_file():
+        raise InputError(f"no such file: {path}")
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
 
 
 def _parse(text: str, path: Path) -> ir.Module:

@@ -172,15 +172,10 @@ def ranked_candidates(
 # ---- preparing dispatches --------------------------------------------------------------------
 def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[PreparedDispatch]:
     """Stripped + filled benchmark files for every distinct tunable dispatch of `path`."""
-    from dispatchtune.tuner.frontend import load_problems
+    from dispatchtune.tuner.frontend import load_problems, read_input
 
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no such file: {path}")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+    text = read_input(path)
     sources = (
         [path]
         if is_dispatch_benchmark(text)
