@@ -124,7 +124,7 @@ class TuneResult:
 
     output_dir: Path
     results_path: Path
-    spec_path: Path | None
+    spec_path: Path
     summary_path: Path
     plot_path: Path | None
     summaries: list[Any] = field(default_factory=list)

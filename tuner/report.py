@@ -450,21 +450,10 @@ def write_outputs(
     ]
     if options.compile_only:
         entries = []
-    spec_path: Path | None = out / "tuning_spec.mlir"
-    try:
-        with BINDINGS_LOCK:
-            spec_text = tuning_spec(entries)
-    except Exception as exc:  # an empty spec is not buildable with every spec.py version
-        if entries:
-            raise
-        spec_text = ""
-        lines = [x.strip() for x in str(exc).splitlines() if "error" in x]
-        spec_error = lines[0][:160] if lines else type(exc).__name__
-    if spec_text:
-        write_spec(spec_text, out / "tuning_spec.mlir")
-    else:
-        (out / "tuning_spec.mlir").unlink(missing_ok=True)
-        spec_path = None
+    spec_path = out / "tuning_spec.mlir"
+    with BINDINGS_LOCK:
+        # With no entries this is a valid spec that keeps every default configuration.
+        write_spec(tuning_spec(entries), spec_path)
     if options.compile_only:
         spec_note = "Compile-only run: candidates were built and checked, none was benchmarked."
     elif entries:
@@ -476,9 +465,6 @@ def write_outputs(
         spec_note = (
             "No candidate beat the compiler default: `tuning_spec.mlir` is a valid spec that keeps "
             "every default configuration."
-            if spec_text
-            else "No candidate beat the compiler default: no tuning spec written (the spec "
-            f"builder cannot build an empty spec: {spec_error})"
         )
     plot = plot_progress(summaries, out / "progress.png")
     summary_path = out / "summary.md"
