@@ -70,6 +70,16 @@ def first_error_line(stderr: str) -> str:
     return lines[0] if lines else "no message"
 
 
+def mlir_error_line(exc: Exception) -> str:
+    """The diagnostic of an `ir.MLIRError` as one line.
+
+    Its text is a generic header ("Unable to parse module assembly:") followed by the diagnostics;
+    the first diagnostic is the one that says what is wrong.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else "parse error")
+
+
 def run_tool(
     name: str,
     args: list[str],

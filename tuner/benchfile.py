@@ -23,7 +23,7 @@ from typing import Any
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import tool_path
+from dispatchtune.toolchain import mlir_error_line, tool_path
 from dispatchtune.tuner.process import run_process
 
 BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
@@ -126,7 +126,7 @@ def add_buffer_fill(text: str, pattern: int = _PATTERNS["f32"]) -> str:
         try:
             module = ir.Module.parse(text)
         except ir.MLIRError as exc:
-            raise InputError(f"cannot parse benchmark file: {str(exc).splitlines()[0]}") from None
+            raise InputError(f"cannot parse benchmark file: {mlir_error_line(exc)}") from None
         filled = 0
         for top in _ops(module.body):
             if top.name != "util.initializer":

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from dispatchtune.errors import InputError
 from dispatchtune.problem import OpKind, Problem
 from dispatchtune.targets import Target, get_target
-from dispatchtune.toolchain import first_error_line, run_tool
+from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -92,8 +92,7 @@ def _parse(text: str, path: Path) -> ir.Module:
     try:
         return ir.Module.parse(text)
     except ir.MLIRError as exc:
-        detail = " ".join(line.strip() for line in str(exc).splitlines()[1:2]) or str(exc)
-        detail = detail.replace('"-"', str(path))
+        detail = mlir_error_line(exc).replace('"-"', str(path))
         raise InputError(f"malformed MLIR in {path}: {detail}") from None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import DIM_CLASSES, Problem
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import first_error_line, run_tool
+from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
 
 _SPEC_ATTRS = ("transform.with_named_sequence", "iree_codegen.tuning_spec_with_default_entrypoint")
 
@@ -63,7 +63,7 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                         attr = ir.Attribute.parse(config)
                     except ir.MLIRError as exc:
                         raise DispatchTuneError(
-                            f"invalid compilation_info for {problem.key}: {_mlir_error(exc)}"
+                            f"invalid compilation_info for {problem.key}: {mlir_error_line(exc)}"
                         ) from None
                     param = transform.ParamConstantOp(any_param, attr)
                     transform.YieldOp([matcher.bodyTarget, param.result])
@@ -151,7 +151,7 @@ def merge_specs(specs: Sequence[str]) -> str:
             try:
                 module = ir.Module.parse(text)
             except ir.MLIRError as exc:
-                raise DispatchTuneError(f"invalid tuning spec #{i}: {_mlir_error(exc)}") from None
+                raise DispatchTuneError(f"invalid tuning spec #{i}: {mlir_error_line(exc)}") from None
             # Nest each spec as a named module; the linker merges their `__kernel_config`s.
             nested = module.operation.clone(ip=ir.InsertionPoint(container.body))
             nested.attributes["sym_name"] = ir.StringAttr.get(f"spec_{i}")
@@ -172,7 +172,7 @@ def check_spec(text: str) -> None:
         try:
             module = ir.Module.parse(text)
         except ir.MLIRError as exc:
-            raise DispatchTuneError(f"invalid tuning spec: {_mlir_error(exc)}") from None
+            raise DispatchTuneError(f"invalid tuning spec: {mlir_error_line(exc)}") from None
         if "transform.with_named_sequence" not in module.operation.attributes:
             raise DispatchTuneError("tuning spec lacks the transform.with_named_sequence attribute")
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
@@ -273,7 +273,3 @@ def write_spec(text: str, path: str | Path) -> Path:
     tmp.replace(path)
     return path
 
-
-def _mlir_error(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[1] if len(lines) > 1 else (lines[0] if lines else "parse error")
