@@ -1,0 +1,1 @@
+"""Evaluation harness (`dispatchtune evaluate`) and the performance benchmark scripts."""
