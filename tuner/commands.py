@@ -35,6 +35,14 @@ def register(subparsers: Any) -> None:
             raise
     else:
         tune.register_tune(subparsers)
+    # Whole-model tuning (`tune-model`) likewise registers itself when present.
+    try:
+        tune_model = importlib.import_module("dispatchtune.tuner.model_command")
+    except ModuleNotFoundError as exc:
+        if exc.name != "dispatchtune.tuner.model_command":
+            raise
+    else:
+        tune_model.register_tune_model(subparsers)
 
 
 def _layout(problem: Problem) -> str:
