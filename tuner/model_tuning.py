@@ -406,28 +406,38 @@ def select_dispatches(
 
 
 def allocate_budget(weights: Sequence[float], budget: int, min_each: int) -> list[int]:
-    """Split `budget` in proportion to `weights` (largest remainders), at least `min_each` each.
+    """Split `budget` in proportion to `weights`, each entry getting at least `min_each`.
 
-    When the budget cannot give every entry `min_each`, the lightest entries get 0: a dispatch
-    measured once or twice cannot be judged against the default's noise anyway.
+    Entries whose proportional part is below `min_each` are raised to it and the rest is shared
+    by the others in proportion; rounding gives the leftovers to the largest remainders. When the
+    budget cannot give every entry `min_each`, the lightest entries (weights come sorted, heaviest
+    first) get 0: a dispatch measured once cannot be judged against the default's noise anyway.
     """
     count = len(weights)
     while count > 1 and count * min_each > budget:
-        count -= 1  # weights come sorted, heaviest first
+        count -= 1
     alloc = [0] * len(weights)
     if count == 0 or budget <= 0:
         return alloc
-    base = min(min_each, budget // count) if count * min_each > budget else min_each
-    spare = budget - base * count
+    floor = min(min_each, budget // count)
     w = np.asarray(weights[:count], dtype=float)
-    w = w / w.sum() if w.sum() > 0 else np.full(count, 1.0 / count)
-    exact = w * spare
-    extra = np.floor(exact).astype(int)
-    order = np.argsort(-(exact - extra), kind="stable")
-    for i in order[: spare - int(extra.sum())]:
-        extra[i] += 1
+    w = w if w.sum() > 0 else np.ones(count)
+    exact = np.zeros(count)
+    fixed = np.zeros(count, dtype=bool)
+    while True:
+        free = ~fixed
+        exact[free] = (budget - floor * fixed.sum()) * w[free] / w[free].sum()
+        exact[fixed] = floor
+        low = free & (exact < floor)
+        if not low.any():
+            break
+        fixed |= low
+    whole = np.floor(exact).astype(int)
+    order = np.argsort(-(exact - whole), kind="stable")
+    for i in order[: budget - int(whole.sum())]:
+        whole[i] += 1
     for i in range(count):
-        alloc[i] = base + int(extra[i])
+        alloc[i] = int(whole[i])
     return alloc
 
 
@@ -659,7 +669,17 @@ class _ModelTuner:
         from dispatchtune.tuner.loop import tune
 
         dispatch_dir = self.out / "dispatches"
-        todo = [s for s in selected if s.budget > 0]
+        results = dispatch_dir / "results.jsonl"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the loop reports corrupt lines when it resumes
+            spent = _benchmarked(list(read_records(results)), self.target)
+        tuned = [s for s in selected if s.budget > 0]
+        # Keys whose budget is already spent are not handed to the loop again: it would only
+        # dump, strip and re-read their benchmarks to find nothing left to do.
+        todo = [s for s in tuned if spent.get(s.key, 0) < s.budget]
+        for share in tuned:
+            if share not in todo:
+                self.say(f"{share.key}: {spent[share.key]} benchmarks already in results.jsonl")
         if todo:
             dumped = dump_dispatch_benchmarks(self.model, self.target, self.work / "dumped")
             files = {dispatch_index(f.name): f for f in dumped}
@@ -682,9 +702,9 @@ class _ModelTuner:
             tune(source, self.target, dispatch_dir, options)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt lines were reported by the loop
-            records = list(read_records(dispatch_dir / "results.jsonl"))
+            records = list(read_records(results))
         if todo:
-            self._write_dispatch_report(records, [s.problem for s in todo])
+            self._write_dispatch_report(records, [s.problem for s in tuned])
             if not self.options.keep_binaries:
                 shutil.rmtree(self.work / "dumped", ignore_errors=True)
         return records
@@ -829,6 +849,18 @@ class _ModelTuner:
         if not self.options.keep_binaries:
             shutil.rmtree(self.work / "builds", ignore_errors=True)
             shutil.rmtree(self.work / "outputs", ignore_errors=True)
+
+
+def _benchmarked(records: Sequence[dict[str, Any]], target: Target) -> dict[str, int]:
+    """Candidates that used up budget per problem key (as the loop counts them)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.get("kind") == "candidate" and r.get("target") == target.name and r.get(
+            "bench_status"
+        ) != "skipped":
+            key = str(r.get("problem_key"))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 def _copy_options(options: TuneOptions, **changes: Any) -> TuneOptions:

@@ -1,0 +1,268 @@
+"""`tune-model` on the shipped transformer block: real compiles, profiles, benchmarks, resume."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from dispatchtune.cli import main as cli_main
+from dispatchtune.datasets.records import read_records
+from dispatchtune.problem import Problem
+from dispatchtune.targets import get_target
+from dispatchtune.tuner.frontend import load_problems
+from dispatchtune.tuner.loop import TuneOptions
+from dispatchtune.tuner.model_tuning import (
+    DispatchRow,
+    DispatchShare,
+    ModelTuneOptions,
+    ModelTuneResult,
+    _ModelTuner,
+    allocate_budget,
+    attribute_time,
+    compare_outputs,
+    compile_model,
+    find_entry,
+    run_model,
+    select_dispatches,
+    tune_model,
+    write_model_inputs,
+)
+from dispatchtune.tuner.spec import applied_configs, check_spec, config_applied
+
+MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "transformer_block_f32.mlir"
+HOST = get_target("host")
+
+
+def small(**overrides: Any) -> ModelTuneOptions:
+    """A whole run in a few minutes: 2 problems, 2 benchmarks each, short model rounds."""
+    settings: dict[str, Any] = {
+        "budget": 4, "max_dispatches": 2, "top": 2, "model_rounds": 2, "final_rounds": 3,
+        "repetitions": 3, "min_time_s": 0.02, "progress": False,
+        "dispatch": TuneOptions(repetitions=3, min_time_s=0.01, confirm_rounds=1, progress=False),
+    }
+    settings.update(overrides)
+    return ModelTuneOptions(**settings)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ModelTuneResult]:
+    out = tmp_path_factory.mktemp("tune_model") / "out"
+    return out, tune_model(MODEL, HOST, out, small())
+
+
+def _log(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "model_log.jsonl").read_text().splitlines()]
+
+
+def test_profile_attributes_the_model_time_to_its_matmuls(run: tuple[Path, ModelTuneResult]) -> None:
+    out, result = run
+    profile = [r for r in _log(out) if r["kind"] == "profile"]
+    assert len(profile) == 1 and profile[0]["timer"] == "cpu"
+    rows = profile[0]["dispatches"]
+    assert len(rows) >= 8 and all(r["time_ms"] > 0 and r["calls"] >= 1 for r in rows)
+    # Matmuls dominate the block; the three 128x256x256 projections (one per dispatch, one of
+    # them called twice) share one problem key, so one spec entry covers them all.
+    shares = result.shares
+    assert [s.time_ms for s in shares] == sorted((s.time_ms for s in shares), reverse=True)
+    keys = {s.key: s for s in shares}
+    proj = next(s for k, s in keys.items() if k.startswith("contraction_128x256x256_"))
+    assert len(proj.dispatches) >= 2 and proj.calls >= 3
+    assert {k.split("_")[1] for k in keys} >= {"128x1024x256", "128x256x1024", "128x256x256"}
+    assert sum(s.share for s in shares) + result.other_ms / sum(r["time_ms"] for r in rows) == (
+        pytest.approx(1.0)
+    )
+    # The two slowest problems were tuned, the budget shared between them.
+    tuned = [s for s in shares if s.budget]
+    assert [s.key for s in tuned] == [s.key for s in shares[:2]]
+    assert sum(s.budget for s in tuned) == 4
+
+
+def test_dispatch_results_use_the_loop_format(run: tuple[Path, ModelTuneResult]) -> None:
+    out, result = run
+    records = list(read_records(out / "dispatches" / "results.jsonl"))
+    tuned = {s.key: s.budget for s in result.shares if s.budget}
+    assert {r["problem_key"] for r in records} == set(tuned)
+    for key, budget in tuned.items():
+        benched = [r for r in records if r["problem_key"] == key and r["kind"] == "candidate"
+                   and r["bench_status"] != "skipped"]
+        assert len(benched) == budget
+        assert all(r["target"] == "host" and r["times_ms"] for r in benched)
+    assert (out / "dispatches" / "summary.md").exists()
+
+
+def test_spec_summary_and_outputs(run: tuple[Path, ModelTuneResult], tmp_path: Path) -> None:
+    out, result = run
+    spec = out / "tuning_spec.mlir"
+    check_spec(spec.read_text())
+    # Every kept configuration really applies when the model is compiled with the spec, and the
+    # tuned model computes what the default build computes.
+    steps = [r for r in _log(out) if r["kind"] == "step"]
+    assert {s["key"] for s in steps} <= {s.key for s in result.shares if s.budget}
+    configs = {(s["key"], s["kept"]) for s in steps if s["kept"] is not None}
+    assert set(result.kept.items()) == configs
+    if result.kept:
+        applied = applied_configs(MODEL, HOST, spec)
+        records = list(read_records(out / "dispatches" / "results.jsonl"))
+        for key, cid in result.kept.items():
+            info = next(r["compilation_info"] for r in records
+                        if r["problem_key"] == key and r["candidate_id"] == cid)
+            assert any(config_applied(info, a) for a in applied)
+    entry = find_entry(MODEL)
+    inputs = write_model_inputs(entry, tmp_path / "inputs", seed=3)
+    outputs = []
+    for name, with_spec in (("default", None), ("tuned", spec)):
+        vmfb = tmp_path / f"{name}.vmfb"
+        assert compile_model(MODEL, HOST, with_spec, vmfb, 600).ok
+        _, got = run_model(vmfb, entry, inputs, "local-sync", tmp_path / name, 120)
+        assert got is not None and got[0].shape == (128, 256) and np.isfinite(got[0]).all()
+        outputs.append(got)
+    assert compare_outputs(outputs[1], outputs[0], entry)[0] == "ok"
+    assert result.verify_status == "ok"
+
+    assert len(result.default_ms) == len(result.tuned_ms) == 3
+    assert result.speedup_low <= result.speedup <= result.speedup_high
+    summary = (out / "summary.md").read_text()
+    assert "compiler default" in summary and "Speedup" in summary
+    assert "--iree-codegen-tuning-spec-path=" in summary
+    for share in result.shares[:2]:
+        assert f"`{share.key}`" in summary and f"{share.share:.1%}" in summary
+    assert (out / "model_tuning.png").stat().st_size > 5000
+    assert "speedup" in result.text
+
+
+def test_rerun_resumes_without_measuring_anything(run: tuple[Path, ModelTuneResult]) -> None:
+    out, first = run
+    before = {p: (out / p).read_bytes() for p in ("model_log.jsonl", "dispatches/results.jsonl")}
+    again = tune_model(MODEL, HOST, out, small())
+    for path, content in before.items():
+        assert (out / path).read_bytes() == content, f"{path} changed: something was re-measured"
+    assert again.speedup == first.speedup and again.kept == first.kept
+    assert again.default_ms == first.default_ms
+
+
+def test_model_step_builds_checks_and_measures_candidates(tmp_path: Path) -> None:
+    """One greedy step with real configs: the model decides, and the decision is logged once."""
+    problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))
+    good = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        "distribution = [64, 64, 0], vector_common_parallel = [16, 16, 0], "
+        "vector_reduction = [0, 0, 1]>, translation_info = #iree_codegen.translation_info<"
+        "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+    broken = good.replace("[16, 16, 0]", "[64, 64, 0]").replace("[0, 0, 1]", "[0, 0, 64]")
+    finalists = [
+        {"candidate_id": 7, "dispatch_speedup": 1.2, "confirmed": True, "compilation_info": good},
+        {"candidate_id": 8, "dispatch_speedup": 1.1, "confirmed": False, "compilation_info": broken},
+    ]
+    options = small(min_model_speedup=0.0)
+    tuner = _ModelTuner(MODEL, HOST, tmp_path, options)
+    tuner.problems = {problem.key: problem}
+    for f in finalists:
+        tuner.candidate_info[(problem.key, f["candidate_id"])] = f["compilation_info"]
+    share = DispatchShare(problem, ["main_dispatch_14"], 1, 1.0, 0.4, "main_dispatch_14")
+    step = tuner.model_step(share, finalists, [])
+    by_id = {t["candidate_id"]: t for t in step.tried}
+    assert by_id[8]["status"] == "build_failed" and "large vector sizes" in by_id[8]["error"]
+    measured = by_id[7]
+    assert measured["status"] == "measured" and measured["verify_status"] == "ok"
+    assert len(measured["ratios"]) == 2 and measured["model_speedup"] > 0
+    wins = sum(r > 1.0 for r in measured["ratios"])
+    assert (step.kept == 7) == (3 * wins >= 2 * len(measured["ratios"]))
+    # The same step again comes from the log: nothing is built or measured twice.
+    lines = (tmp_path / "model_log.jsonl").read_text()
+    again = tuner.model_step(share, finalists, [])
+    assert again.kept == step.kept and (tmp_path / "model_log.jsonl").read_text() == lines
+    tuner.cleanup()
+
+
+def test_budget_follows_time_and_selection_covers_the_model() -> None:
+    assert allocate_budget([3.0, 2.0, 1.0], 12, 2) == [6, 4, 2]
+    assert sum(allocate_budget([5.0, 1.0, 1.0], 10, 2)) == 10
+    assert allocate_budget([5.0, 1.0, 1.0], 10, 2)[0] == 6
+    # Too small a budget for everyone: the lightest problems get nothing.
+    assert allocate_budget([3.0, 2.0, 1.0], 4, 2) == [2, 2, 0]
+    assert allocate_budget([3.0, 2.0], 1, 2) == [1, 0]
+    problem = Problem.matmul(64, 64, 64, "f32")
+    shares = [DispatchShare(problem, [], 1, t, t / 10, "") for t in (5.0, 3.0, 1.5, 0.3, 0.2)]
+    assert len(select_dispatches(shares, 0.75, 6, 0.02)) == 2
+    assert len(select_dispatches(shares, 0.9, 6, 0.02)) == 3
+    assert len(select_dispatches(shares, 1.0, 6, 0.025)) == 4  # 0.2 ms is 2% of 10 ms
+    assert len(select_dispatches(shares, 1.0, 2, 0.0)) == 2
+
+
+def test_time_is_grouped_by_problem_and_the_rest_is_other() -> None:
+    a = replace(Problem.matmul(128, 256, 256, "f32"), name="main_dispatch_2_matmul")
+    b = replace(a, name="main_dispatch_3_matmul")
+    c = replace(Problem.matmul(128, 1024, 256, "f32"), name="main_dispatch_14_matmul")
+    rows = [DispatchRow("main_dispatch_2_matmul_x", 1.0, 2), DispatchRow("main_dispatch_3_m", 0.5, 1),
+            DispatchRow("main_dispatch_14_matmul", 2.0, 1), DispatchRow("main_dispatch_5_t", 0.5, 2)]
+    shares, other, total = attribute_time(rows, [a, b, c])
+    assert total == 4.0 and other == 0.5
+    assert [(s.time_ms, s.calls) for s in shares] == [(2.0, 1), (1.5, 3)]
+    assert shares[1].slowest == "main_dispatch_2_matmul_x" and shares[1].share == 0.375
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "message"),
+    [
+        (None, [], "no such file"),
+        ("func.func @main( {", [], "malformed MLIR"),
+        ("func.func @main(%a: tensor<?x4xf32>) -> tensor<?x4xf32> {\n  return %a : tensor<?x4xf32>\n}",
+         [], "dynamic shape"),
+        ("func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}",
+         ["--function", "g"], "no public function @g"),
+        ("func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}",
+         ["--budget", "0"], "--budget must be at least 1"),
+        ("func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}",
+         ["--target", "nope"], "unknown target"),
+    ],
+)
+def test_cli_reports_bad_input_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, args: list[str],
+    message: str,
+) -> None:
+    path = tmp_path / "model.mlir"
+    if text is not None:
+        path.write_text(text)
+    code = cli_main(["tune-model", str(path), "-o", str(tmp_path / "out"), *args])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and message in err, err
+
+
+def test_cli_model_without_tunable_dispatch_fails_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "relu.mlir"
+    path.write_text(
+        "func.func @main(%a: tensor<64x64xf32>) -> tensor<64x64xf32> {\n"
+        "  %z = arith.constant 0.0 : f32\n"
+        "  %e = tensor.empty() : tensor<64x64xf32>\n"
+        "  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, "
+        "affine_map<(i, j) -> (i, j)>], iterator_types = [\"parallel\", \"parallel\"]}\n"
+        "      ins(%a : tensor<64x64xf32>) outs(%e : tensor<64x64xf32>) {\n"
+        "    ^bb0(%x: f32, %o: f32):\n"
+        "      %m = arith.maximumf %x, %z : f32\n"
+        "      linalg.yield %m : f32\n"
+        "  } -> tensor<64x64xf32>\n"
+        "  return %r : tensor<64x64xf32>\n"
+        "}\n"
+    )
+    code = cli_main(["tune-model", str(path), "-o", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "tunable" in err, err
+
+
+def test_output_dir_of_another_model_is_refused(
+    run: tuple[Path, ModelTuneResult], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out, _ = run
+    other = tmp_path / "other.mlir"
+    other.write_text(MODEL.read_text() + "\n// changed\n")
+    code = cli_main(["tune-model", str(other), "-o", str(out), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "another model" in err and len(err.splitlines()) == 1
