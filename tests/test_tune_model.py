@@ -155,7 +155,7 @@ def test_model_step_builds_checks_and_measures_candidates(tmp_path: Path) -> Non
         "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
     )
     broken = good.replace("[16, 16, 0]", "[64, 64, 0]").replace("[0, 0, 1]", "[0, 0, 64]")
-    finalists = [
+    finalists: list[dict[str, Any]] = [
         {"candidate_id": 7, "dispatch_speedup": 1.2, "confirmed": True, "compilation_info": good},
         {"candidate_id": 8, "dispatch_speedup": 1.1, "confirmed": False, "compilation_info": broken},
     ]
