@@ -1,0 +1,131 @@
+"""Kernel Tuner's strategies replayed for real (simulation mode) on slices of measured caches."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("kernel_tuner")
+
+from dispatchtune.benchmarks.kerneltuner_peers import (
+    COLUMNS,
+    kernel_tuner_rows,
+    replay_evaluations,
+)
+from dispatchtune.errors import InputError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GEMM = FIXTURES / "kt_gemm_2080ti_slice.json.gz"  # 200 configurations, all ran
+CONV = FIXTURES / "kt_conv_a4000_slice.json.gz"  # 20 configurations, 4 failed at run time
+THRESHOLD = 0.05
+
+
+def _cache_times(path: Path) -> dict[str, float]:
+    """Kernel Tuner's cache key -> time (inf when failed), read straight from the file."""
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    return {
+        key: float(entry["time"]) if isinstance(entry["time"], (int, float)) else float("inf")
+        for key, entry in data["cache"].items()
+    }
+
+
+@pytest.fixture(scope="module")
+def gemm_rows() -> pd.DataFrame:
+    return kernel_tuner_rows(GEMM, ["genetic_algorithm", "dual_annealing"], [0, 1], max_fevals=80,
+                             progress=False)
+
+
+def test_columns_and_space_counts(gemm_rows: pd.DataFrame) -> None:
+    times = _cache_times(GEMM)
+    valid = np.array([t for t in times.values() if np.isfinite(t)])
+    n_good = int((valid <= valid.min() * (1 + THRESHOLD)).sum())
+    assert tuple(gemm_rows.columns) == COLUMNS
+    assert len(gemm_rows) == 4
+    assert sorted(set(gemm_rows["order"])) == ["kt_dual_annealing", "kt_genetic_algorithm"]
+    assert set(gemm_rows["problem"]) == {"kt_gemm_2080ti_slice"}
+    assert set(gemm_rows["device"]) == {"NVIDIA GeForce RTX 2080 Ti"}
+    assert set(gemm_rows["n_candidates"]) == {len(valid)}
+    assert set(gemm_rows["n_good"]) == {n_good} and n_good >= 1
+    assert np.allclose(gemm_rows["random_expected"], (len(valid) + 1) / (n_good + 1))
+
+
+def test_counts_are_consistent(gemm_rows: pd.DataFrame) -> None:
+    for row in gemm_rows.itertuples():
+        curve = json.loads(row.best_so_far)
+        assert 1 <= row.evaluated <= 80
+        assert len(curve) == row.evaluated
+        assert all(a >= b for a, b in itertools.pairwise(curve))  # a running best
+        assert row.invalid_proposals == 0  # this slice has no failed configuration
+        if np.isnan(row.benchmarks_to_threshold):
+            assert min(curve) > 1 + THRESHOLD
+        else:
+            hit = int(row.benchmarks_to_threshold)
+            assert 1 <= hit <= row.evaluated
+            assert curve[hit - 1] <= 1 + THRESHOLD
+            assert hit == 1 or curve[hit - 2] > 1 + THRESHOLD
+    # The genetic algorithm finds a near-optimal configuration in 80 of 200 for both seeds.
+    ga = gemm_rows[gemm_rows["order"] == "kt_genetic_algorithm"]
+    assert ga["benchmarks_to_threshold"].notna().all()
+
+
+def test_hit_is_near_optimal_in_the_cache(gemm_rows: pd.DataFrame) -> None:
+    times = _cache_times(GEMM)
+    best = min(times.values())
+    row = gemm_rows[(gemm_rows["order"] == "kt_genetic_algorithm") & (gemm_rows["seed"] == 0)].iloc[0]
+    trace = replay_evaluations(GEMM, "genetic_algorithm", 0, max_fevals=80)
+    keys = [key for key, _ in trace]
+    assert len(keys) == len(set(keys)) == row["evaluated"]
+    # Every time the replay reports is the cache's time for that configuration.
+    assert all(times[key] == time for key, time in trace)
+    hit = int(row["benchmarks_to_threshold"])
+    assert times[keys[hit - 1]] <= best * (1 + THRESHOLD)
+    assert all(times[key] > best * (1 + THRESHOLD) for key in keys[: hit - 1])
+
+
+def test_failed_configurations_cost_benchmarks() -> None:
+    times = _cache_times(CONV)
+    rows = kernel_tuner_rows(CONV, ["genetic_algorithm"], [0, 1], max_fevals=20, progress=False)
+    assert set(rows["n_candidates"]) == {16}
+    for row in rows.itertuples():
+        trace = replay_evaluations(CONV, "genetic_algorithm", row.seed, max_fevals=20)
+        assert len(trace) == row.evaluated
+        end = len(trace) if np.isnan(row.benchmarks_to_threshold) else int(row.benchmarks_to_threshold)
+        failed = sum(1 for key, _ in trace[:end] if not np.isfinite(times[key]))
+        assert row.invalid_proposals == failed
+        curve = json.loads(row.best_so_far)
+        # null (no configuration ran yet) exactly while only failed ones were benchmarked
+        first_ok = next(i for i, (key, _) in enumerate(trace) if np.isfinite(times[key]))
+        assert curve[:first_ok] == [None] * first_ok and curve[first_ok] is not None
+    assert rows["invalid_proposals"].sum() > 0  # seed 0 benchmarks two failed configurations first
+
+
+@pytest.mark.parametrize("strategy", ["genetic_algorithm", "bayes_opt"])
+def test_same_seed_same_run(strategy: str) -> None:
+    # bayes_opt draws its initial sample from an unseeded scipy generator unless the replay seeds it.
+    first = kernel_tuner_rows(GEMM, [strategy], [3], max_fevals=40, progress=False)
+    again = kernel_tuner_rows(GEMM, [strategy], [3], max_fevals=40, progress=False)
+    pd.testing.assert_frame_equal(first, again)
+
+
+def test_stop_at_hit_keeps_the_count() -> None:
+    full = kernel_tuner_rows(GEMM, ["genetic_algorithm"], [0, 1], max_fevals=80, progress=False)
+    cut = kernel_tuner_rows(GEMM, ["genetic_algorithm"], [0, 1], max_fevals=80, progress=False,
+                            stop_at_hit=["genetic_algorithm"])
+    pd.testing.assert_series_equal(full["benchmarks_to_threshold"], cut["benchmarks_to_threshold"])
+    assert (cut["evaluated"] <= full["evaluated"]).all()
+    for a, b in zip(full["best_so_far"], cut["best_so_far"], strict=True):
+        shorter = json.loads(b)
+        assert json.loads(a)[: len(shorter)] == shorter
+
+
+def test_bad_input_is_one_line() -> None:
+    with pytest.raises(InputError, match="unknown Kernel Tuner strategy 'annealing'"):
+        kernel_tuner_rows(GEMM, ["annealing"], [0], progress=False)
+    with pytest.raises(InputError, match="not found"):
+        kernel_tuner_rows(FIXTURES / "missing.json.gz", ["pso"], [0], progress=False)
