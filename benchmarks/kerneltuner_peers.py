@@ -266,6 +266,7 @@ def kernel_tuner_rows(
     max_fevals: int = 1000,
     progress: bool = True,
     stop_at_hit: Collection[str] = (),
+    on_row: Callable[[dict[str, object]], None] | None = None,
 ) -> pd.DataFrame:
     """Replay each strategy once per seed on one Kernel Tuner cache; one row per (strategy, seed).
 
@@ -276,7 +277,7 @@ def kernel_tuner_rows(
 
     Strategies in `stop_at_hit` end at their first good configuration (see `_StopAtHit`): their
     `benchmarks_to_threshold` and `invalid_proposals` are those of the full run, while `evaluated`
-    and `best_so_far` end at the hit.
+    and `best_so_far` end at the hit. `on_row` sees each row as soon as its run ends (checkpoints).
     """
     from dispatchtune.datasets.kerneltuner import load_kerneltuner
 
@@ -322,6 +323,8 @@ def kernel_tuner_rows(
                 **base, "order": f"kt_{strategy}", "seed": seed, "benchmarks_to_threshold": hit,
                 "invalid_proposals": invalid, "evaluated": len(trace), "best_so_far": json.dumps(curve),
             })
+            if on_row is not None:
+                on_row(rows[-1])
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
     return frame.astype({
         "seed": np.int64, "n_candidates": np.int64, "n_good": np.int64, "invalid_proposals": np.int64,

@@ -56,17 +56,17 @@ def test_columns_and_space_counts(gemm_rows: pd.DataFrame) -> None:
 
 
 def test_counts_are_consistent(gemm_rows: pd.DataFrame) -> None:
-    for row in gemm_rows.itertuples():
-        curve = json.loads(row.best_so_far)
-        assert 1 <= row.evaluated <= 80
-        assert len(curve) == row.evaluated
+    for row in gemm_rows.to_dict("records"):
+        curve = json.loads(row["best_so_far"])
+        assert 1 <= row["evaluated"] <= 80
+        assert len(curve) == row["evaluated"]
         assert all(a >= b for a, b in itertools.pairwise(curve))  # a running best
-        assert row.invalid_proposals == 0  # this slice has no failed configuration
-        if np.isnan(row.benchmarks_to_threshold):
+        assert row["invalid_proposals"] == 0  # this slice has no failed configuration
+        if np.isnan(row["benchmarks_to_threshold"]):
             assert min(curve) > 1 + THRESHOLD
         else:
-            hit = int(row.benchmarks_to_threshold)
-            assert 1 <= hit <= row.evaluated
+            hit = int(row["benchmarks_to_threshold"])
+            assert 1 <= hit <= row["evaluated"]
             assert curve[hit - 1] <= 1 + THRESHOLD
             assert hit == 1 or curve[hit - 2] > 1 + THRESHOLD
     # The genetic algorithm finds a near-optimal configuration in 80 of 200 for both seeds.
@@ -92,13 +92,14 @@ def test_failed_configurations_cost_benchmarks() -> None:
     times = _cache_times(CONV)
     rows = kernel_tuner_rows(CONV, ["genetic_algorithm"], [0, 1], max_fevals=20, progress=False)
     assert set(rows["n_candidates"]) == {16}
-    for row in rows.itertuples():
-        trace = replay_evaluations(CONV, "genetic_algorithm", row.seed, max_fevals=20)
-        assert len(trace) == row.evaluated
-        end = len(trace) if np.isnan(row.benchmarks_to_threshold) else int(row.benchmarks_to_threshold)
+    for row in rows.to_dict("records"):
+        trace = replay_evaluations(CONV, "genetic_algorithm", int(row["seed"]), max_fevals=20)
+        assert len(trace) == row["evaluated"]
+        b2t = row["benchmarks_to_threshold"]
+        end = len(trace) if np.isnan(b2t) else int(b2t)
         failed = sum(1 for key, _ in trace[:end] if not np.isfinite(times[key]))
-        assert row.invalid_proposals == failed
-        curve = json.loads(row.best_so_far)
+        assert row["invalid_proposals"] == failed
+        curve = json.loads(row["best_so_far"])
         # null (no configuration ran yet) exactly while only failed ones were benchmarked
         first_ok = next(i for i, (key, _) in enumerate(trace) if np.isfinite(times[key]))
         assert curve[:first_ok] == [None] * first_ok and curve[first_ok] is not None
