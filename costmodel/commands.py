@@ -24,11 +24,15 @@ def register(subparsers: Any) -> None:
         "rank",
         help="enumerate and rank the candidates of every root op in an MLIR file",
         description="Enumerate each tunable root op's candidates (Z3) and print them in benchmark "
-        "order: the handwritten heuristic (docs/heuristic.md) or the seeded random baseline.",
+        "order: the handwritten heuristic (docs/heuristic.md), a learned model (the target's installed "
+        "default or --model FILE) or the seeded random baseline.",
     )
     parser.add_argument("file", help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
     parser.add_argument("--target", default="host", help="target name (default host)")
-    parser.add_argument("--order", choices=ORDERS, default="heuristic", help="default heuristic")
+    parser.add_argument("--order", choices=ORDERS, default="heuristic",
+                        help="heuristic (default), model (learned) or random")
+    parser.add_argument("--model", type=Path, metavar="FILE",
+                        help="learned model file from train-costmodel (implies --order model)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random order / tie-break")
     parser.add_argument("--limit", type=int, default=10, help="rows shown per op (default 10)")
     parser.add_argument("--csv", type=Path, help="write the full ranked tables here (all ops)")
@@ -44,10 +48,15 @@ def run_rank(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise InputError("--limit must be >= 0")
     target = get_target(args.target)
+    model = None
+    if args.model is not None:
+        from dispatchtune.costmodel.modelfile import load_model
+
+        model, args.order = load_model(args.model), "model"
     tables = []
     for problem in load_problems(args.file, target):
         cset = enumerate_candidates(problem, target)
-        ranked = rank(cset, order=args.order, seed=args.seed)
+        ranked = rank(cset, order=args.order, seed=args.seed, model=model)
         print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {args.order} order")
         shown = [c for c in _SHOWN if c in ranked.columns]
         if len(ranked) and args.limit:

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from dispatchtune.problem import Problem
     from dispatchtune.targets import Target
 
-Order = Literal["heuristic", "random"]
-ORDERS: tuple[str, ...] = ("heuristic", "random")
+Order = Literal["heuristic", "random", "model"]
+ORDERS: tuple[str, ...] = ("heuristic", "random", "model")
 
 
 def rank(
@@ -33,8 +33,9 @@ def rank(
     with `problem` and `target` given. The result keeps every column, adds `candidate_id` (the
     row's position in the input, unless the table already has one) and `score`, and has a fresh
     0..n-1 index. `order="random"` is the seeded baseline (a uniform random permutation); the
-    heuristic breaks score ties with the same seeded draw. `model` replaces the heuristic by any
-    `CostModel` (e.g. a learned one).
+    heuristic breaks score ties with the same seeded draw. `order="model"` ranks with `model`, or
+    when that is None with the target's installed default model (the heuristic where none ships);
+    `model` given with `order="heuristic"` replaces the heuristic too.
     """
     if order not in ORDERS:
         raise InputError(f"unknown order {order!r}; choose one of: {', '.join(ORDERS)}")
@@ -61,7 +62,14 @@ def rank(
         from dispatchtune.features.extract import extract_features
 
         features = extract_features(problem, target, table)
-        chosen = model if model is not None else HeuristicModel()
+        if model is not None:
+            chosen: CostModel = model
+        elif order == "model":
+            from dispatchtune.costmodel.defaults import model_for_target
+
+            chosen = model_for_target(target.name)[0]
+        else:
+            chosen = HeuristicModel()
         scores = np.asarray(chosen.predict(features), dtype=np.float64)
         # Ties are broken by a seeded random draw, not by enumeration order: solver order
         # clusters similar candidates, so a tied block in that order can hide the good ones.

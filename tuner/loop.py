@@ -70,7 +70,7 @@ from dispatchtune.tuner.worker import (
     sha256_file,
 )
 
-ORDERS = ("heuristic", "random")
+ORDERS = ("heuristic", "random", "model", "online")
 
 
 @dataclass
@@ -78,7 +78,14 @@ class TuneOptions:
     """Knobs of the loop (the CLI flags of `dispatchtune tune`)."""
 
     budget: int = 20  # candidates benchmarked per dispatch (failures and duplicates are free)
-    order: str = "heuristic"
+    order: str = "heuristic"  # heuristic | random | model (learned) | online (learns during the run)
+    model_path: str | None = None  # learned model file for model/online (default: installed one)
+    # Online search: Optuna storage URL (default: sqlite file study.db in the output directory),
+    # a wall-clock limit per dispatch, and the no-improvement stop (0 = off).
+    storage: str | None = None
+    time_limit_s: float = 0.0
+    stop_margin: float = 0.01
+    stop_patience: int = 0
     devices: tuple[str, ...] = ()  # default: the target's device (local-sync for host)
     jobs: int = 0  # compile workers; 0 = one per core
     repetitions: int = 5
@@ -116,6 +123,10 @@ class TuneOptions:
             raise DispatchTuneError("--baseline-every must be at least 1")
         if self.estimator not in ("min", "median"):
             raise DispatchTuneError("--estimator must be min or median")
+        if self.order == "online" and self.compile_only:
+            raise DispatchTuneError("--order online learns from benchmarks; it cannot run --compile-only")
+        if self.stop_patience < 0 or self.time_limit_s < 0:
+            raise DispatchTuneError("--stop-patience and --time-limit must be >= 0")
 
 
 @dataclass
@@ -150,7 +161,12 @@ def ranked_candidates(
     from dispatchtune.search import enumerate_candidates
 
     cset = enumerate_candidates(problem, target)
-    table = rank(cset, problem, target, order=options.order, seed=options.seed)
+    model = None
+    if options.model_path is not None:
+        from dispatchtune.costmodel.modelfile import load_model
+
+        model = load_model(options.model_path)
+    table = rank(cset, problem, target, order=options.order, seed=options.seed, model=model)
     skip = {"score", "candidate_id"}
     knob_columns = [c for c in table.columns if c not in skip]
     ids = table["candidate_id"].to_numpy()
@@ -551,6 +567,10 @@ class _DispatchTuner:
         if self.benchmarked >= budget:
             return
         max_attempts = self.options.max_attempts or 4 * budget + 8
+        # An online source learns from every outcome and is told them; a static order is not.
+        tell = getattr(candidates, "tell", None)
+        skip = getattr(candidates, "skip", None)
+        release = getattr(candidates, "release", None)
         todo = (c for c in candidates if c.compilation_info not in self.done)
         pending: Iterator[Candidate] = itertools.islice(todo, max_attempts)
         first = next(pending, None)
@@ -596,6 +616,10 @@ class _DispatchTuner:
                         if compiled.status != "ok":
                             self._record_compile_only(compiled)
                             progress.note_compile(compiled.status)
+                            if compiled.status == "duplicate" and skip is not None:
+                                skip(compiled.candidate)
+                            elif tell is not None:
+                                tell(compiled.candidate, None)
                         elif self.options.compile_only:
                             if self.benchmarked < budget:
                                 self._record_compile_only(compiled)
@@ -612,6 +636,8 @@ class _DispatchTuner:
                             for path in (compiled.vmfb, compiled.verify_vmfb):
                                 if path is not None:
                                     path.unlink(missing_ok=True)
+                            if release is not None:
+                                release(compiled.candidate)
                     else:
                         del benches[future]
                         bench = future.result()
@@ -619,6 +645,8 @@ class _DispatchTuner:
                         self._record_bench(bench)
                         self.benchmarked += 1
                         progress.note_bench(bench)
+                        if tell is not None:
+                            tell(bench.compiled.candidate, self._measured_time(bench))
                         if bench.verify_status == "mismatch":
                             progress.write(
                                 f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "
@@ -628,6 +656,8 @@ class _DispatchTuner:
             # later run with a larger budget builds them again).
             for future in compiles:
                 future.cancel()
+                if release is not None:
+                    release(compiles[future])
             kill_children()
             compile_pool.shutdown(wait=True, cancel_futures=True)
             if not self.options.compile_only:
@@ -646,6 +676,14 @@ class _DispatchTuner:
         finally:
             compile_pool.shutdown(wait=True, cancel_futures=True)
             bench_pool.shutdown(wait=True, cancel_futures=True)
+
+    def _measured_time(self, bench: _BenchOutcome) -> float | None:
+        """The time an online search learns from: None for a failed or miscompiled candidate."""
+        from dispatchtune.tuner.report import estimate
+
+        if bench.status != "ok" or not bench.times_ms or bench.verify_status == "mismatch":
+            return None
+        return estimate(bench.times_ms, self.options.estimator)
 
 
 class _Progress:
@@ -760,8 +798,14 @@ def tune(
     with _sigterm_as_interrupt():
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
-            if candidates is None:
-                ordered: Iterable[Candidate] = ranked_candidates(dispatch.problem, target, options)
+            if candidates is None and options.order == "online":
+                from dispatchtune.tuner.online_source import OnlineCandidates
+
+                ordered: Iterable[Candidate] = OnlineCandidates(
+                    dispatch.problem, target, options, out, history
+                )
+            elif candidates is None:
+                ordered = ranked_candidates(dispatch.problem, target, options)
             elif callable(candidates):
                 ordered = candidates(dispatch.problem, target, options)
             else:
@@ -776,6 +820,13 @@ def tune(
                 tuner.run(ordered, progress)
             finally:
                 progress.close()
+                close = getattr(ordered, "close", None)
+                if close is not None:
+                    close()  # an online source hands its unfinished claims back to the study
+                reason = getattr(ordered, "stop_reason", "")
+                if reason and mode != "off":
+                    print(f"{dispatch.problem.key[:40]}: online search stopped: {reason}",
+                          file=sys.stderr)
             if not options.keep_binaries:
                 # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
                 for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):

@@ -32,8 +32,32 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
         "--output-dir", "-o", type=Path, required=True, help="output directory (resumable)"
     )
     parser.add_argument(
-        "--order", choices=("heuristic", "random"), default="heuristic",
-        help="candidate order (default: heuristic)",
+        "--order", choices=("heuristic", "random", "model", "online"), default="heuristic",
+        help="candidate order: heuristic (default), model (learned: --model FILE, else the "
+        "target's installed default model), online (Optuna search from the model's order that "
+        "refits on this run's measurements), random",
+    )
+    parser.add_argument(
+        "--model", metavar="FILE",
+        help="learned model file (train-costmodel) for --order model/online; implies model",
+    )
+    parser.add_argument(
+        "--storage", metavar="URL",
+        help="Optuna storage of the online search (default: sqlite study.db in the output dir); "
+        "workers given the same URL share one study and never measure a candidate twice",
+    )
+    parser.add_argument(
+        "--time-limit", type=float, default=0.0, metavar="S",
+        help="online search: stop a dispatch after S seconds (default 0: no limit)",
+    )
+    parser.add_argument(
+        "--stop-patience", type=int, default=0, metavar="N",
+        help="online search: stop when the last N results did not beat the best by "
+        "--stop-margin (default 0: off)",
+    )
+    parser.add_argument(
+        "--stop-margin", type=float, default=0.01,
+        help="improvement that counts for --stop-patience (default 0.01 = 1%%)",
     )
     parser.add_argument(
         "--devices", default="",
@@ -99,7 +123,12 @@ def run_tune(args: argparse.Namespace) -> int:
     devices = tuple(d.strip() for d in str(args.devices).split(",") if d.strip())
     options = TuneOptions(
         budget=args.budget,
-        order=args.order,
+        order="model" if args.model and args.order == "heuristic" else args.order,
+        model_path=args.model,
+        storage=args.storage,
+        time_limit_s=args.time_limit,
+        stop_patience=args.stop_patience,
+        stop_margin=args.stop_margin,
         devices=devices,
         jobs=max(0, args.jobs),
         repetitions=args.repetitions,

@@ -1,0 +1,241 @@
+"""`OnlineSearch`: ask-and-tell search over a fixed candidate set that learns from its own run.
+
+The cost model's scores are the prior: until a few candidates are measured, candidates are asked in
+prior order. From then on a small random forest is refitted on the run's own measurements (the
+candidates' features plus the prior score as one more column, label log(best / time)) and the
+next candidates are those with the highest upper confidence bound (mean + kappa x spread of the
+trees' predictions), so that the model's doubt is explored, not just its belief. A small fraction
+of asks is uniformly random: it keeps a wrong prior and a confident forest from hiding a region
+forever. Failed candidates are told as `None` and learnt as slower than anything measured.
+
+The class only sees row positions and times; the tuning loop (through the Optuna sampler in
+`search.optuna_search`) and the evaluation harness (replaying measured datasets) drive it alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dispatchtune.errors import InputError
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """Knobs of the online search (defaults chosen on the Kernel Tuner spaces, see docs/search.md)."""
+
+    min_fit: int = 6  # measurements before the first refit: fewer cannot outvote the prior
+    kappa: float = 0.5  # weight of the trees' spread in the upper confidence bound
+    random_fraction: float = 0.05  # share of uniformly random asks (after the first refit)
+    n_trees: int = 32
+    refit_growth: float = 0.1  # refit when the measurements grew by this fraction (at least 1)
+    prior_weight: float = 1.0  # weight of the prior's z-score in the acquisition, decaying with n
+    prior_halflife: int = 20  # measurements after which the prior counts half as much
+
+
+class OnlineSearch:
+    """Ask-and-tell over the rows of `features`; `prior` scores (higher = better) seed the order."""
+
+    def __init__(
+        self,
+        features: pd.DataFrame | np.ndarray,
+        prior: Sequence[float] | np.ndarray,
+        seed: int = 0,
+        settings: OnlineSettings | None = None,
+        knobs: pd.DataFrame | None = None,
+    ) -> None:
+        x = np.asarray(features, dtype=np.float64)
+        if knobs is not None:
+            # The raw knobs tell apart candidates that the shared feature vocabulary maps to the
+            # same row; without them the forest keeps asking for twins of a measured candidate.
+            x = np.column_stack([x, numeric_knobs(knobs)]) if len(knobs.columns) else x
+        prior_arr = np.asarray(prior, dtype=np.float64)
+        if x.ndim != 2 or prior_arr.shape != (x.shape[0],):
+            raise InputError(f"{prior_arr.shape} prior scores for a {x.shape} feature table")
+        self.settings = settings or OnlineSettings()
+        self.rng = np.random.default_rng(seed)
+        prior_arr = np.where(np.isfinite(prior_arr), prior_arr, np.nanmin(prior_arr[np.isfinite(prior_arr)])
+                             if np.isfinite(prior_arr).any() else 0.0)
+        self.prior_z = _zscore(prior_arr)
+        # The prior becomes one more column: the forest learns where to trust it.
+        self.x = np.nan_to_num(np.column_stack([x, self.prior_z]), nan=0.0, posinf=0.0, neginf=0.0)
+        n = x.shape[0]
+        # Prior order with a seeded tie-break: solver order clusters similar candidates.
+        self._prior_order = np.lexsort((np.asarray(self.rng.random(n)), -self.prior_z))
+        self.times = np.full(n, np.nan)  # measured time (inf = failed)
+        self.pending: set[int] = set()
+        self.skipped = np.zeros(n, dtype=bool)  # never to be asked, no result (e.g. duplicates)
+        self._told: list[int] = []
+        self._acquisition: np.ndarray | None = None
+        self._fitted_at = 0
+
+    # -- state ------------------------------------------------------------------------------------
+    @property
+    def n_candidates(self) -> int:
+        return int(self.x.shape[0])
+
+    @property
+    def n_told(self) -> int:
+        return len(self._told)
+
+    @property
+    def best(self) -> float:
+        """Fastest measured time (inf before any success)."""
+        measured = self.times[np.isfinite(self.times)]
+        return float(measured.min()) if measured.size else float("inf")
+
+    def available(self) -> np.ndarray:
+        mask = np.isnan(self.times) & ~self.skipped
+        if self.pending:
+            mask[list(self.pending)] = False
+        return mask
+
+    # -- ask / tell -------------------------------------------------------------------------------
+    def ask(self, n: int = 1) -> list[int]:
+        """Up to `n` row positions to measure next (never one told or pending); they become pending."""
+        chosen: list[int] = []
+        for _ in range(n):
+            row = self._next()
+            if row is None:
+                break
+            self.pending.add(row)
+            chosen.append(row)
+        return chosen
+
+    def tell(self, row: int, time: float | None) -> None:
+        """Record a measurement: a time (lower is better) or `None` for a failed candidate."""
+        if not 0 <= row < self.n_candidates:
+            raise InputError(f"row {row} outside the {self.n_candidates} candidates")
+        self.pending.discard(row)
+        if not np.isnan(self.times[row]):
+            return  # told twice (e.g. by another worker's trial): the first result stands
+        value = float(time) if time is not None and np.isfinite(time) and time > 0 else np.inf
+        self.times[row] = value
+        self._told.append(row)
+
+    def skip(self, row: int) -> None:
+        """Never ask `row`, without learning anything from it (its binary duplicates another's)."""
+        self.pending.discard(row)
+        self.skipped[row] = True
+
+    def release(self, row: int) -> None:
+        """Give a pending row back unmeasured (its build was cancelled); it may be asked again."""
+        self.pending.discard(row)
+
+    def stalled(self, margin: float = 0.01, patience: int = 30) -> bool:
+        """True when the last `patience` measurements did not beat the best before them by `margin`.
+
+        A plain no-improvement rule: once the model has been refitted many times without finding
+        anything better, more benchmarks are unlikely to improve the best by more than the margin.
+        """
+        if patience <= 0 or len(self._told) <= patience:
+            return False
+        history = self.times[np.asarray(self._told)]
+        before = history[:-patience]
+        finite = before[np.isfinite(before)]
+        if finite.size == 0:
+            return False
+        recent = history[-patience:]
+        return not bool((recent < finite.min() / (1.0 + margin)).any())
+
+    # -- internals --------------------------------------------------------------------------------
+    def _next(self) -> int | None:
+        free = self.available()
+        if not free.any():
+            return None
+        settings = self.settings
+        successes = int(np.isfinite(self.times).sum())
+        if successes < settings.min_fit:
+            for row in self._prior_order:
+                if free[row]:
+                    return int(row)
+        if self.rng.random() < settings.random_fraction:
+            return int(self.rng.choice(np.flatnonzero(free)))
+        if self._acquisition is None or self.n_told - self._fitted_at >= max(
+            1, int(settings.refit_growth * self._fitted_at)
+        ):
+            self._acquisition = self._fit_acquisition()
+            self._fitted_at = self.n_told
+        scores = np.where(free, self._acquisition, -np.inf)
+        return int(np.argmax(scores))
+
+    def _fit_acquisition(self) -> np.ndarray:
+        from sklearn.ensemble import ExtraTreesRegressor
+
+        settings = self.settings
+        rows = np.asarray(self._told)
+        times = self.times[rows]
+        ok = np.isfinite(times)
+        y = np.empty(rows.size)
+        best = times[ok].min()
+        y[ok] = np.log(best / times[ok])
+        # Failures are slower than anything measured: the forest learns to avoid their region.
+        y[~ok] = y[ok].min() - 1.0 if ok.any() else -1.0
+        # Extra-trees: randomised splits give a useful spread on tens of points, where bootstrap
+        # forests of deep trees mostly agree; shallow leaves keep the spread from collapsing.
+        forest = ExtraTreesRegressor(
+            n_estimators=settings.n_trees,
+            min_samples_leaf=2,
+            max_features=0.5,
+            random_state=int(self.rng.integers(2**31 - 1)),
+            n_jobs=1,
+        ).fit(self.x[rows], y)
+        per_tree = np.stack([tree.predict(self.x) for tree in forest.estimators_])
+        belief = _zscore(per_tree.mean(axis=0) + settings.kappa * per_tree.std(axis=0))
+        # Trust moves from the prior to the run's own model as measurements accumulate, and the
+        # prior keeps only as much weight as its rank agreement with what was measured so far.
+        weight = rows.size / (rows.size + max(1, settings.prior_halflife))
+        agreement = max(0.0, _spearman(self.prior_z[rows[ok]], y[ok]))
+        return weight * belief + (1.0 - weight) * settings.prior_weight * agreement * self.prior_z
+
+
+def numeric_knobs(knobs: pd.DataFrame) -> np.ndarray:
+    """The knob table as numbers: numeric columns as they are, other columns as category codes."""
+    columns = []
+    for name in knobs.columns:
+        column = knobs[name]
+        if pd.api.types.is_numeric_dtype(column) or pd.api.types.is_bool_dtype(column):
+            columns.append(column.to_numpy(dtype=np.float64))
+        else:
+            columns.append(pd.factorize(column.astype(str), sort=True)[0].astype(np.float64))
+    return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (0 when undefined: fewer than 3 points or a constant side)."""
+    if a.size < 3:
+        return 0.0
+    ra = pd.Series(a).rank().to_numpy()
+    rb = pd.Series(b).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return 0.0
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def _zscore(values: np.ndarray) -> np.ndarray:
+    std = values.std()
+    return (values - values.mean()) / std if std > 0 else np.zeros_like(values)
+
+
+def replay(
+    search: OnlineSearch, times: Any, max_benchmarks: int | None = None, batch: int = 1
+) -> np.ndarray:
+    """Drive `search` against measured `times` (inf/NaN = failed); returns the rows in asked order."""
+    measured = np.asarray(times, dtype=np.float64)
+    if measured.shape != (search.n_candidates,):
+        raise InputError(f"{measured.size} times for {search.n_candidates} candidates")
+    limit = search.n_candidates if max_benchmarks is None else min(max_benchmarks, search.n_candidates)
+    order: list[int] = []
+    while len(order) < limit:
+        rows = search.ask(min(batch, limit - len(order)))
+        if not rows:
+            break
+        for row in rows:
+            value = measured[row]
+            search.tell(row, float(value) if np.isfinite(value) else None)
+        order.extend(rows)
+    return np.asarray(order, dtype=np.int64)
