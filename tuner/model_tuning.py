@@ -777,6 +777,10 @@ class _ModelTuner:
             if vmfb is None:
                 entry.update(status="build_failed", error=error)
                 continue
+            if _sha256(vmfb) == _sha256(current):
+                # The config is what the compiler already picks in this model: nothing to gain.
+                entry.update(status="identical", error="model binary identical to the current one")
+                continue
             spec = vmfb.with_name("spec.mlir")
             with BINDINGS_LOCK:
                 applied = applied_configs(self.model, self.target, spec)
