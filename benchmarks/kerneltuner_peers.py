@@ -325,8 +325,13 @@ def kernel_tuner_rows(
             })
             if on_row is not None:
                 on_row(rows[-1])
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
-    return frame.astype({
+    return typed_rows(pd.DataFrame(rows, columns=list(COLUMNS)))
+
+
+def typed_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """The row columns with their dtypes (ints as int64, counts that may be NaN as float64)."""
+    return frame[list(COLUMNS)].astype({
+        "problem": str, "device": str, "order": str, "best_so_far": str,
         "seed": np.int64, "n_candidates": np.int64, "n_good": np.int64, "invalid_proposals": np.int64,
         "evaluated": np.int64, "benchmarks_to_threshold": np.float64, "random_expected": np.float64,
     })

@@ -42,21 +42,22 @@ SPACES = ("gemm_RTX_2080_Ti.json.gz", "gemm_RTX_Titan.json.gz", "convolution_A40
 HARNESS_ORDERS = ("random", "heuristic", "learned", "online", "tpe")
 
 
-def summarize(rows: pd.DataFrame, max_benchmarks: int) -> pd.DataFrame:
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """Per (problem, order): runs, hit rate and the medians, a missed run counting as never."""
     out = []
     for (problem, order), group in rows.groupby(["problem", "order"], sort=False):
         b2t = group["benchmarks_to_threshold"].to_numpy(dtype=np.float64)
         hits = b2t[np.isfinite(b2t)]
-        # A miss needed more than the budget: it sorts last, so the median is honest while at
-        # least half the runs hit, and reads "> budget" otherwise.
+        # A miss (never within the threshold: the budget ran out, or the strategy stopped first)
+        # sorts last, so the median is honest while at least half the runs hit, and is "miss"
+        # otherwise.
         median_all = float(np.median(np.where(np.isfinite(b2t), b2t, np.inf)))
         out.append({
             "problem": problem,
             "order": order,
             "runs": len(group),
             "hit_rate": hits.size / len(group),
-            "median": f"{median_all:.1f}" if np.isfinite(median_all) else f"> {max_benchmarks}",
+            "median": f"{median_all:.1f}" if np.isfinite(median_all) else "miss",
             "median_of_hits": float(np.median(hits)) if hits.size else float("nan"),
             "random_expected": float(group["random_expected"].iloc[0]),
             "median_invalid": float(np.median(group["invalid_proposals"])),
@@ -85,7 +86,7 @@ def kernel_tuner_part(
     A rerun with the same settings replays only the runs the checkpoint lacks (bayes_opt alone
     takes most of an hour on two shared cores); other settings start it afresh.
     """
-    from dispatchtune.benchmarks.kerneltuner_peers import COLUMNS, kernel_tuner_rows, space_name
+    from dispatchtune.benchmarks.kerneltuner_peers import COLUMNS, kernel_tuner_rows, space_name, typed_rows
     from dispatchtune.datasets.kerneltuner import load_kerneltuner
 
     stop = [] if full_bayes_opt else [s for s in strategies if s == "bayes_opt"]
@@ -102,7 +103,7 @@ def kernel_tuner_part(
         pd.DataFrame([row], columns=list(COLUMNS)).to_csv(checkpoint, mode="a", header=False, index=False)
 
     have = set(zip(done["problem"], done["order"], done["seed"], strict=True))
-    parts = [done]
+    parts = [typed_rows(done)] if len(done) else []
     # Strategy by strategy across the spaces: the cheap ones are complete long before bayes_opt.
     for strategy in strategies:
         for space in spaces:
@@ -111,7 +112,7 @@ def kernel_tuner_part(
             if todo:
                 parts.append(kernel_tuner_rows(space, [strategy], todo, threshold=threshold,
                                                max_fevals=max_benchmarks, stop_at_hit=stop, on_row=save))
-    rows = pd.concat(parts, ignore_index=True)
+    rows = pd.concat(parts, ignore_index=True) if parts else typed_rows(done)
     wanted = rows["order"].isin([f"kt_{s}" for s in strategies]) & rows["seed"].isin(list(seeds))
     return rows[wanted].drop_duplicates(["problem", "order", "seed"]).reset_index(drop=True)
 
@@ -178,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
-    print(markdown_table(summarize(rows, args.max_benchmarks)))
+    print(markdown_table(summarize(rows)))
     parts = ", ".join(f"{name} {sec:.0f} s" for name, sec in seconds.items())
     print(f"\n{len(rows)} runs in {wall:.0f} s wall ({parts}); report: {report}")
     return 0

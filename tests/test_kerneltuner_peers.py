@@ -130,3 +130,37 @@ def test_bad_input_is_one_line() -> None:
         kernel_tuner_rows(GEMM, ["annealing"], [0], progress=False)
     with pytest.raises(InputError, match="not found"):
         kernel_tuner_rows(FIXTURES / "missing.json.gz", ["pso"], [0], progress=False)
+
+
+def test_peers_checkpoint_replays_only_missing_runs(tmp_path: Path) -> None:
+    from dispatchtune.benchmarks.peers import kernel_tuner_part
+
+    first = kernel_tuner_part([GEMM], ["genetic_algorithm"], [0, 1], THRESHOLD, 40, tmp_path, False)
+    checkpoint = tmp_path / "kerneltuner_rows.csv"
+    assert len(pd.read_csv(checkpoint)) == 2
+    more = kernel_tuner_part([GEMM], ["genetic_algorithm"], [0, 1, 2], THRESHOLD, 40, tmp_path, False)
+    assert len(pd.read_csv(checkpoint)) == 3  # seeds 0 and 1 reused, seed 2 appended
+    assert sorted(more["seed"]) == [0, 1, 2]
+    kept = more[more["seed"] < 2].sort_values("seed").reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept[["seed", "benchmarks_to_threshold", "evaluated", "best_so_far"]],
+                                  first[["seed", "benchmarks_to_threshold", "evaluated", "best_so_far"]])
+    # Other settings start afresh rather than mixing counts made under another threshold.
+    kernel_tuner_part([GEMM], ["genetic_algorithm"], [0], 0.10, 40, tmp_path, False)
+    assert len(pd.read_csv(checkpoint)) == 1
+
+
+def test_peers_summary_counts_misses_last() -> None:
+    from dispatchtune.benchmarks.peers import summarize
+
+    rows = pd.DataFrame({
+        "problem": ["p"] * 6, "order": ["a"] * 3 + ["b"] * 3,
+        "benchmarks_to_threshold": [10.0, np.nan, 30.0, np.nan, np.nan, 5.0],
+        "random_expected": [50.0] * 6, "invalid_proposals": [0, 2, 1, 0, 0, 0],
+        "evaluated": [100, 100, 100, 7, 8, 5],
+    })
+    table = summarize(rows).set_index("order")
+    assert table.loc["a", "hit_rate"] == pytest.approx(2 / 3)
+    assert table.loc["a", "median"] == "30.0"  # the miss sorts after both hits
+    assert table.loc["a", "median_of_hits"] == 20.0
+    assert table.loc["b", "median"] == "miss"
+    assert table.loc["b", "median_evaluated"] == 7.0
