@@ -57,14 +57,19 @@ CURVE_LIMIT = 1000
 
 
 def space_name(space: Any) -> str:
-    """The problem label of a loaded cache: its `name` when the loader gives one, else the file stem."""
+    """The problem label of a loaded cache, the evaluation harness's (so rows of both line up).
+
+    A GEMM cache is "<device> GEMM MxNxK" (`costmodel.train.kerneltuner_spaces`), any other
+    "<device> <kernel> <problem size>" (`harness._kerneltuner_without_features`); a loader that
+    gives the space a `name` wins.
+    """
     name = getattr(space, "name", None)
     if isinstance(name, str) and name:
         return name
-    stem = Path(space.path).name
-    for suffix in (".gz", ".json"):
-        stem = stem.removesuffix(suffix)
-    return stem
+    if space.is_gemm:
+        p = space.problem_scalars()
+        return f"{space.device_name} GEMM {p.m}x{p.n}x{p.k}"
+    return f"{space.device_name} {space.kernel_name} {'x'.join(map(str, space.problem_size))}"
 
 
 def _import_kernel_tuner() -> Any:
@@ -245,17 +250,17 @@ def replay_evaluations(
 
 def _trace_counts(
     times: Sequence[float], best: float, threshold: float
-) -> tuple[float, int, list[float | None]]:
+) -> tuple[float, int, list[float]]:
     """(benchmarks to threshold or NaN, failed before the hit or the end, best-so-far curve)."""
     trace = np.asarray(times, dtype=np.float64)
     good = trace <= best * (1.0 + threshold)
     hit = float(np.argmax(good) + 1) if good.any() else float("nan")
     counted = trace[: int(hit)] if good.any() else trace
     invalid = int(np.isinf(counted).sum())
-    running = np.minimum.accumulate(trace) / best if trace.size else trace
-    # JSON has no infinity: null until the first configuration that ran.
-    curve = [None if not np.isfinite(v) else round(float(v), 6) for v in running[:CURVE_LIMIT]]
-    return hit, invalid, curve
+    # The harness's convention: best time / best so far, in (0, 1]; 0 while only failed
+    # configurations were benchmarked (best / inf).
+    running = best / np.minimum.accumulate(trace[:CURVE_LIMIT]) if trace.size else trace
+    return hit, invalid, [round(float(v), 4) for v in running]
 
 
 def kernel_tuner_rows(
@@ -272,8 +277,8 @@ def kernel_tuner_rows(
 
     Columns are `COLUMNS` (see the module doc for the counting). `order` is `kt_<strategy>`;
     `benchmarks_to_threshold` is NaN when the run never reached `threshold` of the best valid time;
-    `best_so_far` is a JSON list of the running best over the best valid time, one entry per
-    benchmark (null while only failed configurations were evaluated).
+    `best_so_far` is a JSON list of the best valid time over the best so far, one entry per
+    benchmark (0 while only failed configurations were evaluated), as in the harness.
 
     Strategies in `stop_at_hit` end at their first good configuration (see `_StopAtHit`): their
     `benchmarks_to_threshold` and `invalid_proposals` are those of the full run, while `evaluated`

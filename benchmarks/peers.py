@@ -39,7 +39,9 @@ from dispatchtune.errors import DispatchTuneError, InputError
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "kerneltuner"
 SPACES = ("gemm_RTX_2080_Ti.json.gz", "gemm_RTX_Titan.json.gz", "convolution_A4000.json.gz")
-HARNESS_ORDERS = ("random", "heuristic", "learned", "online", "tpe")
+#: The harness's orders (`harness.ORDERS`): random, heuristic, the learned static orders (rf, gbm,
+#: lambdarank, each trained without the space it orders), online, Optuna TPE over the raw knobs.
+HARNESS_ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -119,7 +121,7 @@ def kernel_tuner_part(
 
 def run(
     spaces: Sequence[Path], orders: Sequence[str], strategies: Sequence[str], seeds: Sequence[int],
-    threshold: float, max_benchmarks: int, out_dir: Path, full_bayes_opt: bool,
+    threshold: float, max_benchmarks: int, out_dir: Path, full_bayes_opt: bool, command: str = "",
 ) -> tuple[pd.DataFrame, Path, dict[str, float]]:
     """Every peer's rows on every space; writes the report; returns (rows, report, seconds per part)."""
     missing = [str(p) for p in spaces if not p.is_file()]
@@ -148,7 +150,8 @@ def run(
     rows = pd.concat(parts, ignore_index=True)
     title = (f"Peers on Kernel Tuner spaces: benchmarks to {threshold:.0%} of the best, "
              f"{len(seeds)} seeds, budget {max_benchmarks}")
-    report = harness.write_report(rows, out_dir, threshold, title)
+    report = harness.write_report(rows, out_dir, threshold, title, max_benchmarks=max_benchmarks,
+                                  command=command)
     return rows, report, seconds
 
 
@@ -163,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spaces", type=Path, nargs="+",
                         default=[DATA_DIR / name for name in SPACES], metavar="CACHE")
     parser.add_argument("--orders", nargs="*", default=list(HARNESS_ORDERS),
-                        help="evaluation-harness orders")
+                        help="evaluation-harness orders (none: Kernel Tuner's strategies only)")
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES),
                         help="Kernel Tuner strategies")
     parser.add_argument("--full-bayes-opt", action="store_true",
@@ -174,14 +177,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     try:
         rows, report, seconds = run(args.spaces, args.orders, args.strategies, list(range(args.seeds)),
-                           args.threshold, args.max_benchmarks, args.output_dir, args.full_bayes_opt)
+                           args.threshold, args.max_benchmarks, args.output_dir, args.full_bayes_opt,
+                           command=" ".join(["python", "benchmarks/peers.py", *sys.argv[1:]]))
     except DispatchTuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     wall = time.perf_counter() - start
-    print(markdown_table(summarize(rows)))
     parts = ", ".join(f"{name} {sec:.0f} s" for name, sec in seconds.items())
-    print(f"\n{len(rows)} runs in {wall:.0f} s wall ({parts}); report: {report}")
+    table = markdown_table(summarize(rows))
+    footer = f"{len(rows)} runs in {wall:.0f} s wall ({parts}); report: {report}"
+    (args.output_dir / "peers_summary.md").write_text(
+        "Hit rate: share of runs that reached the threshold at all; median: a miss counts as never.\n\n"
+        f"{table}\n\n{footer}\n")
+    print(f"{table}\n\n{footer}")
     return 0
 
 
