@@ -64,8 +64,11 @@ def register_tune_model(subparsers: Any) -> argparse.ArgumentParser:
         help="model speedup a configuration needs to be kept (default 1.01)",
     )
     parser.add_argument(
-        "--order", choices=("heuristic", "random"), default="heuristic",
-        help="candidate order in the dispatch loop (default: heuristic)",
+        "--order", choices=("heuristic", "random", "model", "online"), default="heuristic",
+        help="candidate order in the dispatch loop (default: heuristic; see `tune --order`)",
+    )
+    parser.add_argument(
+        "--model", metavar="FILE", help="learned model file for --order model/online",
     )
     parser.add_argument(
         "--timer", choices=("auto", "cpu", "real"), default="auto",
@@ -122,7 +125,8 @@ def run_tune_model(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=progress,
         dispatch=TuneOptions(
-            order=args.order,
+            order="model" if args.model and args.order == "heuristic" else args.order,
+            model_path=args.model,
             devices=(args.device,) if args.device else (),
             jobs=max(0, args.jobs),
             repetitions=args.repetitions,
