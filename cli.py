@@ -20,6 +20,7 @@ _COMMAND_MODULES = (
     "dispatchtune.search.commands",
     "dispatchtune.costmodel.commands",
     "dispatchtune.datasets.commands",
+    "dispatchtune.benchmarks.commands",
 )
 
 Handler = Callable[[argparse.Namespace], int]

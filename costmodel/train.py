@@ -132,6 +132,11 @@ def load_training_data(
 
 
 def _kerneltuner_part(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarray]]:
+    return [part[:4] for part in kerneltuner_spaces(path)]  # type: ignore[misc]
+
+
+def kerneltuner_spaces(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]]:
+    """(label, source, features, times, raw knobs) of a Kernel Tuner GEMM cache's valid rows."""
     from dispatchtune.datasets.kerneltuner import load_kerneltuner
 
     space = load_kerneltuner(path)
@@ -143,12 +148,19 @@ def _kerneltuner_part(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarr
     p = space.problem_scalars()
     label = f"{space.device_name} GEMM {p.m}x{p.n}x{p.k}"
     return [(label, f"Kernel Tuner {path.name}", space.features(valid),
-             valid["time_ms"].to_numpy(dtype=np.float64))]
+             valid["time_ms"].to_numpy(dtype=np.float64), valid[list(space.tune_params_keys)])]
 
 
 def _results_parts(
     logs: Sequence[Path], time_column: str, progress: bool
 ) -> list[tuple[str, str, pd.DataFrame, np.ndarray]]:
+    return [part[:4] for part in results_spaces(logs, time_column, progress)]  # type: ignore[misc]
+
+
+def results_spaces(
+    logs: Sequence[Path], time_column: str = "min_ms", progress: bool = False
+) -> list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]]:
+    """(label, source, features, times, raw knobs) of each (problem, target) in results logs."""
     from dispatchtune.datasets.records import load_results
     from dispatchtune.features.extract import extract_features
     from dispatchtune.problem import Problem
@@ -165,7 +177,7 @@ def _results_parts(
     ok &= np.isfinite(frame[time_column].to_numpy(dtype=np.float64))
     ok &= frame[time_column].to_numpy(dtype=np.float64) > 0
     frame = frame[ok]
-    parts = []
+    parts: list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]] = []
     groups = frame.groupby(["problem_key", "target"], sort=True)
     for (key, target_name), group in tqdm(groups, desc="logged problems", disable=not progress):
         # A candidate measured in several sessions counts once, with its median over sessions.
@@ -176,8 +188,10 @@ def _results_parts(
         target = get_target(str(target_name))
         features = extract_features(problem, target, group)
         label = f"{target.name} {problem.describe()} [{key}]"
+        knobs = pd.DataFrame([dict(k) if isinstance(k, dict) else {} for k in group["knobs"]]) \
+            if "knobs" in group else pd.DataFrame(index=range(len(group)))
         parts.append((label, "results.jsonl", features,
-                      group[time_column].to_numpy(dtype=np.float64)))
+                      group[time_column].to_numpy(dtype=np.float64), knobs))
     return parts
 
 

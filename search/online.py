@@ -189,7 +189,10 @@ class OnlineSearch:
         # Trust moves from the prior to the run's own model as measurements accumulate, and the
         # prior keeps only as much weight as its rank agreement with what was measured so far.
         weight = rows.size / (rows.size + max(1, settings.prior_halflife))
-        agreement = max(0.0, _spearman(self.prior_z[rows[ok]], y[ok]))
+        # Measured candidates mostly come from the prior's top, where rank agreement is noisy
+        # even for a good prior: only disagreement beyond that noise (~1/sqrt(n)) costs trust.
+        rho = _spearman(self.prior_z[rows[ok]], y[ok])
+        agreement = float(np.clip(1.0 + rho + 1.5 / np.sqrt(max(1, int(ok.sum()) - 1)), 0.0, 1.0))
         return weight * belief + (1.0 - weight) * settings.prior_weight * agreement * self.prior_z
 
 

@@ -1,0 +1,423 @@
+"""The evaluation harness: replay measured spaces and count benchmarks to a near-optimal candidate.
+
+`dispatchtune evaluate --dataset PATH... --orders random,heuristic,rf,gbm,lambdarank,online,tpe`
+treats each measured space (a Kernel Tuner cache, or each problem of `results.jsonl` logs / the
+shipped CPU dataset) as the benchmark: an ordering "benchmarks" a candidate by looking up its
+measured time. For every space, ordering and seed it records how many benchmarks it took to
+reach the first candidate within `threshold` of the space's best (NaN if not within
+`max_benchmarks`), next to the exact random expectation (N+1)/(k+1).
+
+Orders:
+- `random`: a seeded uniform permutation (its exact expectation is in every row too);
+- `heuristic`: the handwritten model, ties broken by the seed;
+- `rf`, `gbm`, `lambdarank`: learned models trained without the space they are scored on
+  (leave-one-problem-out; `split="device"` also leaves out the space's whole device);
+- `online`: `search.online.OnlineSearch` from the best static prior available (gbm when other
+  spaces can train it, else the heuristic, else a flat prior), refitting on its own results;
+- `tpe`: Optuna's TPE over the raw knobs (each knob categorical over its values); a proposed
+  combination that is not a measured configuration costs no benchmark but is counted in
+  `invalid_proposals`.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm import tqdm
+
+from dispatchtune.errors import InputError
+
+ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
+LEARNED = ("rf", "gbm", "lambdarank")
+STOCHASTIC = ("random", "online", "tpe")
+COLUMNS = (
+    "problem", "device", "order", "seed", "n_candidates", "n_good", "benchmarks_to_threshold",
+    "random_expected", "invalid_proposals", "evaluated", "best_so_far",
+)
+HIT_BUDGETS = (10, 50, 200)
+CURVE_POINTS = 1000
+
+
+@dataclass
+class ReplaySpace:
+    """One measured space: valid candidates' times, their features (None: no mapping) and knobs."""
+
+    problem: str
+    device: str
+    source: str
+    times: np.ndarray
+    knobs: pd.DataFrame
+    features: pd.DataFrame | None
+
+    @property
+    def n(self) -> int:
+        return len(self.times)
+
+    def good(self, threshold: float) -> np.ndarray:
+        return self.times <= self.times.min() * (1.0 + threshold)
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
+    """Every measured space in `paths` (Kernel Tuner caches, results.jsonl files or directories)."""
+    from dispatchtune.costmodel.train import _classify, kerneltuner_spaces, results_spaces
+
+    logs, caches = _classify(paths)
+    spaces: list[ReplaySpace] = []
+    for cache in caches:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a non-GEMM cache is loaded below, without features
+            parts = kerneltuner_spaces(cache)
+        if parts:
+            label, source, features, times, knobs = parts[0]
+            device = label.split(" GEMM ")[0]
+            spaces.append(ReplaySpace(label, device, source, times, knobs.reset_index(drop=True),
+                                      features.reset_index(drop=True)))
+        else:
+            spaces.append(_kerneltuner_without_features(cache))
+    if logs:
+        for label, source, features, times, knobs in results_spaces(logs):
+            spaces.append(ReplaySpace(label, label.split(" ")[0], source, times,
+                                      knobs.reset_index(drop=True), features.reset_index(drop=True)))
+    spaces = [s for s in spaces if s.n >= 2]
+    if not spaces:
+        raise InputError("no measured space with at least 2 valid candidates in the datasets")
+    names = [s.problem for s in spaces]
+    if len(set(names)) != len(names):
+        raise InputError("a space is given twice; pass each dataset once")
+    return spaces
+
+
+def _kerneltuner_without_features(path: Path) -> ReplaySpace:
+    """A Kernel Tuner space the feature vocabulary does not cover (e.g. the 2-D convolution)."""
+    from dispatchtune.datasets.kerneltuner import load_kerneltuner
+
+    space = load_kerneltuner(path)
+    valid = space.valid.reset_index(drop=True)
+    label = f"{space.device_name} {space.kernel_name} {'x'.join(map(str, space.problem_size))}"
+    return ReplaySpace(label, space.device_name, f"Kernel Tuner {path.name}",
+                       valid["time_ms"].to_numpy(dtype=np.float64),
+                       valid[list(space.tune_params_keys)], None)
+
+
+# ---- orders ----------------------------------------------------------------------------------
+def _static_order(scores: np.ndarray, seed: int) -> np.ndarray:
+    keyed = np.where(np.isnan(scores), -np.inf, scores)
+    return np.lexsort((np.random.default_rng(seed).random(len(scores)), -keyed))
+
+
+class _Models:
+    """Learned models per held-out space, trained once and reused across seeds."""
+
+    def __init__(self, spaces: Sequence[ReplaySpace], split: str) -> None:
+        self.spaces = [s for s in spaces if s.features is not None]
+        self.split = split
+        self.cache: dict[tuple[str, str], Any] = {}
+
+    def scores(self, kind: str, space: ReplaySpace) -> np.ndarray | None:
+        if space.features is None:
+            return None
+        key = (kind, space.problem)
+        if key not in self.cache:
+            self.cache[key] = self._train(kind, space)
+        model = self.cache[key]
+        return None if model is None else np.asarray(model.predict(space.features), dtype=float)
+
+    def _train(self, kind: str, held_out: ReplaySpace) -> Any:
+        from dispatchtune.costmodel.learned import labels_from_times, make_model
+
+        train = [s for s in self.spaces if s.problem != held_out.problem
+                 and not (self.split == "device" and s.device == held_out.device)]
+        if not train:
+            return None
+        features = pd.concat([s.features for s in train if s.features is not None],
+                             ignore_index=True)
+        times = np.concatenate([s.times for s in train])
+        groups = np.concatenate([np.full(s.n, s.problem, dtype=object) for s in train])
+        return make_model(kind, n_jobs=2).fit(features, labels_from_times(times), groups)
+
+
+def _heuristic_scores(space: ReplaySpace) -> np.ndarray | None:
+    from dispatchtune.costmodel.heuristic import HeuristicModel
+
+    if space.features is None:
+        return None
+    return np.asarray(HeuristicModel().predict(space.features), dtype=float)
+
+
+def _online_order(space: ReplaySpace, prior: np.ndarray, seed: int, limit: int) -> np.ndarray:
+    from dispatchtune.search.online import OnlineSearch, replay
+
+    features = space.features if space.features is not None else pd.DataFrame(index=space.knobs.index)
+    search = OnlineSearch(features, prior, seed=seed, knobs=space.knobs)
+    return replay(search, space.times, max_benchmarks=limit)
+
+
+def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, int]:
+    """Rows TPE benchmarks (in order) and how many of its proposals were not valid configs."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    knobs = space.knobs.astype(str)
+    choices = {c: sorted(knobs[c].unique().tolist()) for c in knobs.columns}
+    lookup = {tuple(row): i for i, row in enumerate(knobs.itertuples(index=False, name=None))}
+    study = optuna.create_study(direction="minimize",
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    order: list[int] = []
+    seen: set[int] = set()
+    invalid = 0
+    # TPE spends most proposals on invalid combinations (see kerneltuner_replay.md): cap them.
+    for _ in range(20 * limit):
+        if len(order) >= limit or len(seen) == space.n:
+            break
+        trial = study.ask()
+        config = tuple(trial.suggest_categorical(c, choices[c]) for c in knobs.columns)
+        row = lookup.get(config)
+        if row is None:
+            invalid += 1
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            continue
+        if row not in seen:
+            seen.add(row)
+            order.append(row)
+        study.tell(trial, float(space.times[row]))
+    return np.asarray(order, dtype=np.int64), invalid
+
+
+# ---- replay ----------------------------------------------------------------------------------
+def _row(space: ReplaySpace, order_name: str, seed: int, order: np.ndarray, threshold: float,
+         invalid: int = 0) -> dict[str, Any]:
+    good = space.good(threshold)
+    hits = good[order]
+    first = int(np.argmax(hits)) + 1 if hits.any() else float("nan")
+    best = space.times.min()
+    curve = best / np.minimum.accumulate(space.times[order[:CURVE_POINTS]])
+    k = int(good.sum())
+    return {
+        "problem": space.problem, "device": space.device, "order": order_name, "seed": seed,
+        "n_candidates": space.n, "n_good": k, "benchmarks_to_threshold": float(first),
+        "random_expected": (space.n + 1) / (k + 1),
+        "invalid_proposals": invalid if order_name == "tpe" else 0,
+        "evaluated": len(order),
+        "best_so_far": json.dumps([round(float(v), 4) for v in curve]),
+    }
+
+
+def replay_spaces(
+    spaces: Sequence[ReplaySpace],
+    orders: Sequence[str],
+    seeds: Sequence[int],
+    threshold: float = 0.05,
+    max_benchmarks: int = 1000,
+    split: str = "problem",
+    progress: bool = True,
+) -> pd.DataFrame:
+    """One row per (space, order, seed): see `COLUMNS`. Orders without what they need are skipped."""
+    unknown = [o for o in orders if o not in ORDERS]
+    if unknown:
+        raise InputError(f"unknown order {unknown[0]!r}; choose from {', '.join(ORDERS)}")
+    if threshold <= 0:
+        raise InputError("--threshold must be > 0")
+    models = _Models(spaces, split)
+    rows = []
+    jobs = [(s, o) for s in spaces for o in orders]
+    for space, name in tqdm(jobs, desc="replaying", disable=not progress):
+        limit = min(max_benchmarks, space.n)
+        if name in LEARNED:
+            scores = models.scores(name, space)
+        elif name == "heuristic":
+            scores = _heuristic_scores(space)
+        else:
+            scores = None
+        if name in (*LEARNED, "heuristic") and scores is None:
+            continue  # no features for this space, or no other space to learn from
+        prior = None
+        if name == "online":
+            prior = models.scores("gbm", space)
+            if prior is None:
+                prior = _heuristic_scores(space)
+            if prior is None:
+                prior = np.zeros(space.n)
+        for seed in seeds:
+            invalid = 0
+            if name == "random":
+                order = np.random.default_rng(seed).permutation(space.n)[:limit]
+            elif name == "online":
+                assert prior is not None
+                order = _online_order(space, prior, seed, limit)
+            elif name == "tpe":
+                order, invalid = _tpe_order(space, seed, limit)
+            else:
+                assert scores is not None
+                order = _static_order(scores, seed)[:limit]
+            rows.append(_row(space, name, seed, order, threshold, invalid))
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def replay_rows(
+    datasets: Sequence[str | Path],
+    orders: Sequence[str],
+    seeds: Sequence[int],
+    threshold: float = 0.05,
+    max_benchmarks: int = 1000,
+    split: str = "problem",
+    progress: bool = True,
+) -> pd.DataFrame:
+    """`replay_spaces` over every space of `datasets` (paths)."""
+    return replay_spaces(load_spaces(datasets), orders, seeds, threshold, max_benchmarks, split,
+                         progress)
+
+
+# ---- summary and report ------------------------------------------------------------------------
+def _bootstrap_median_ci(values: np.ndarray, seed: int = 0, rounds: int = 1000) -> tuple[float, float]:
+    if values.size == 0:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(values, size=(rounds, values.size)), axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def _top_score(row: pd.Series, k: int) -> float:
+    curve = json.loads(row["best_so_far"])
+    return float(curve[min(k, len(curve)) - 1]) if curve else float("nan")
+
+
+def summarize(rows: pd.DataFrame, max_benchmarks: int = 1000) -> pd.DataFrame:
+    """Per (problem, order) and per order over all problems: median/mean/p90 with a bootstrap 95%
+    CI of the median, hit rates within 10/50/200 benchmarks, top-1/top-5 and the random figure.
+
+    Runs that never reached the threshold count as `max_benchmarks + 1` in the statistics (so a
+    median is an honest lower bound) and as misses in the hit rates.
+    """
+    if rows.empty:
+        return pd.DataFrame()
+    frame = rows.copy()
+    frame["b"] = frame["benchmarks_to_threshold"].fillna(max_benchmarks + 1)
+    frame["top1"] = frame.apply(_top_score, axis=1, k=1)
+    frame["top5"] = frame.apply(_top_score, axis=1, k=5)
+    out = []
+    keys: list[tuple[str, pd.DataFrame]] = [
+        (str(problem), group) for problem, group in frame.groupby("problem", sort=False)
+    ]
+    keys.append(("ALL", frame))
+    for problem, group in keys:
+        for order, g in group.groupby("order", sort=False):
+            values = g["b"].to_numpy(dtype=float)
+            if problem == "ALL":
+                # Over problems: each problem's median over seeds, so seeds do not outweigh spaces.
+                values = g.groupby("problem")["b"].median().to_numpy(dtype=float)
+                random_expected = float(g.groupby("problem")["random_expected"].first().median())
+            else:
+                random_expected = float(g["random_expected"].iloc[0])
+            low, high = _bootstrap_median_ci(values)
+            record: dict[str, Any] = {
+                "problem": problem, "order": order, "runs": len(g),
+                "median": float(np.median(values)), "ci_low": low, "ci_high": high,
+                "mean": float(values.mean()), "p90": float(np.percentile(values, 90)),
+                "random_expected": random_expected,
+            }
+            record["x_fewer_than_random"] = random_expected / record["median"]
+            for budget in HIT_BUDGETS:
+                record[f"hit@{budget}"] = float((g["benchmarks_to_threshold"] <= budget).mean())
+            record["top1"] = float(g["top1"].mean())
+            record["top5"] = float(g["top5"].mean())
+            record["invalid_proposals"] = float(g["invalid_proposals"].mean())
+            out.append(record)
+    return pd.DataFrame(out)
+
+
+def _markdown_table(table: pd.DataFrame) -> str:
+    shown = table.copy()
+    for column in shown.columns:
+        if shown[column].dtype.kind == "f":
+            shown[column] = shown[column].map(lambda v: f"{v:.3g}" if np.isfinite(v) else "n/a")
+    header = "| " + " | ".join(map(str, shown.columns)) + " |"
+    rule = "|" + "---|" * len(shown.columns)
+    body = ["| " + " | ".join(map(str, r)) + " |" for r in shown.itertuples(index=False, name=None)]
+    return "\n".join([header, rule, *body])
+
+
+def plot_best_so_far(rows: pd.DataFrame, path: Path, max_benchmarks: int = 1000) -> Path:
+    """Best-so-far (best time / best found) against benchmarks: one panel per space, one line per
+    order (median over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    problems = list(dict.fromkeys(rows["problem"]))
+    shown = problems[:12]
+    cols = min(3, len(shown))
+    nrows = -(-len(shown) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+    for ax, problem in zip(axes.flat, shown, strict=False):
+        group = rows[rows["problem"] == problem]
+        for order, g in group.groupby("order", sort=False):
+            curves = [json.loads(c) for c in g["best_so_far"]]
+            length = min(max(len(c) for c in curves), max_benchmarks)
+            padded = np.array([np.pad(c, (0, length - len(c)), mode="edge") if c else
+                               np.zeros(length) for c in curves])
+            ax.plot(np.arange(1, length + 1), np.median(padded, axis=0), label=str(order))
+        ax.set_xscale("log")
+        ax.axhline(1 / 1.05, color="grey", linestyle=":", linewidth=1)
+        ax.set_title(problem[:48], fontsize=8)
+        ax.set_xlabel("benchmarks")
+        ax.set_ylabel("best time / best so far")
+        ax.set_ylim(0, 1.02)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(rows: pd.DataFrame, out_dir: Path, threshold: float, title: str,
+                 max_benchmarks: int = 1000, command: str = "") -> Path:
+    """Write `report.md`, `results.csv` (one row per problem and order, seeds aggregated by their
+    median), `runs.csv` (every run) and `best_so_far.png`; returns the report's path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out_dir / "runs.csv", index=False)
+    per_problem = (
+        rows.assign(b=rows["benchmarks_to_threshold"].fillna(max_benchmarks + 1))
+        .groupby(["problem", "order"], sort=False)
+        .agg(n_candidates=("n_candidates", "first"), benchmarks_to_threshold=("b", "median"),
+             random_expected=("random_expected", "first"), seeds=("seed", "count"),
+             hits=("benchmarks_to_threshold", lambda s: int(s.notna().sum())))
+        .reset_index()
+    )
+    per_problem.to_csv(out_dir / "results.csv", index=False)
+    summary = summarize(rows, max_benchmarks)
+    plot = plot_best_so_far(rows, out_dir / "best_so_far.png", max_benchmarks)
+    overall = summary[summary["problem"] == "ALL"].drop(columns=["problem"])
+    detail = summary[summary["problem"] != "ALL"][
+        ["problem", "order", "median", "ci_low", "ci_high", "p90", "random_expected",
+         "x_fewer_than_random", "hit@200"]]
+    lines = [
+        f"# {title}", "",
+        f"Benchmarks until the first candidate within {threshold:.0%} of each space's best "
+        f"(replayed measurements; runs that never got there within {max_benchmarks} count as "
+        f"{max_benchmarks + 1}). Learned models never saw the space they are scored on.", "",
+    ]
+    if command:
+        lines += ["Reproduce:", "", f"    {command}", ""]
+    lines += [
+        "## All spaces", "",
+        "median/mean/p90 over spaces of each space's median over seeds; 95% bootstrap CI of the "
+        "median; hit@B = share of runs within B benchmarks; top-k = best time / best of the "
+        "first k; invalid = mean proposals that were not valid configurations (TPE).", "",
+        _markdown_table(overall), "",
+        f"![best so far]({plot.name})", "",
+        "## Per space", "", _markdown_table(detail), "",
+    ]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines))
+    return report
