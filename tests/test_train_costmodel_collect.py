@@ -39,4 +39,7 @@ def test_written_shapes_are_read_back_by_the_front_end(tmp_path: Path) -> None:
     command = tune_command(tmp_path / "x.mlir", tmp_path / "x", 150, 7, 3, None)
     assert command[3:] == ["tune", str(tmp_path / "x.mlir"), "--target", "host", "--order",
                            "random", "--seed", "7", "--budget", "150", "--repetitions", "3",
-                           "--output-dir", str(tmp_path / "x"), "--no-progress"]
+                           "--output-dir", str(tmp_path / "x"), "--no-progress",
+                           "--confirm-top", "0", "--no-verify"]
+    assert "--no-verify" not in tune_command(tmp_path / "x.mlir", tmp_path / "x", 150, 7, 3, None,
+                                             verify=True)
