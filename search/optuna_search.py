@@ -296,31 +296,32 @@ class OnlineStudy:
                 return "lost"
             return "over" if counted >= self.budget else "won"
 
-    def tell(self, number: int, time_ms: float | None) -> None:
-        """Record a measured time (or None for a failed candidate) of an asked trial."""
+    def _finish(self, number: int, status: str, time_ms: float | None = None) -> int | None:
+        """Close one of our open trials with `status`; returns its row (None if not open)."""
         with self._lock:
             trial = self.open.pop(number, None)
         if trial is None:
-            return
-        status = "ok" if time_ms is not None else "failed"
+            return None
         self._close(trial._trial_id, status, time_ms)
-        self.search.tell(int(trial.params[PARAM]), time_ms)
+        return int(trial.params[PARAM])
+
+    def tell(self, number: int, time_ms: float | None) -> None:
+        """Record a measured time (or None for a failed candidate) of an asked trial."""
+        row = self._finish(number, "ok" if time_ms is not None else "failed", time_ms)
+        if row is not None:
+            self.search.tell(row, time_ms)
 
     def skip(self, number: int) -> None:
         """Close an asked candidate whose binary duplicates another's: not measured, not retried."""
-        with self._lock:
-            trial = self.open.pop(number, None)
-        if trial is not None:
-            self._close(trial._trial_id, "duplicate")
-            self.search.skip(int(trial.params[PARAM]))
+        row = self._finish(number, "duplicate")
+        if row is not None:
+            self.search.skip(row)
 
     def release(self, number: int) -> None:
         """Give an asked candidate back unmeasured (its build was cancelled)."""
-        with self._lock:
-            trial = self.open.pop(number, None)
-        if trial is not None:
-            self._close(trial._trial_id, "released")
-            self.search.release(int(trial.params[PARAM]))
+        row = self._finish(number, "released")
+        if row is not None:
+            self.search.release(row)
 
     def close(self) -> None:
         """Release every trial still open and stop the heartbeats."""
