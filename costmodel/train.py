@@ -113,9 +113,9 @@ def load_training_data(
     logs, caches = _classify(paths)
     parts: list[tuple[str, str, pd.DataFrame, np.ndarray]] = []
     for path in tqdm(caches, desc="Kernel Tuner caches", disable=not progress):
-        parts.extend(_kerneltuner_part(path))
+        parts.extend(part[:4] for part in kerneltuner_spaces(path))
     if logs:
-        parts.extend(_results_parts(logs, time_column, progress))
+        parts.extend(part[:4] for part in results_spaces(logs, time_column, progress))
     parts = [p for p in parts if len(p[3]) >= 2]
     if not parts:
         raise InputError("no measured problem with at least 2 valid candidates in the inputs")
@@ -129,10 +129,6 @@ def load_training_data(
         groups=np.concatenate([np.full(len(p[3]), p[0], dtype=object) for p in parts]),
         sources={label: source for label, source, *_ in parts},
     )
-
-
-def _kerneltuner_part(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarray]]:
-    return [part[:4] for part in kerneltuner_spaces(path)]  # type: ignore[misc]
 
 
 def kerneltuner_spaces(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]]:
@@ -149,12 +145,6 @@ def kerneltuner_spaces(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndar
     label = f"{space.device_name} GEMM {p.m}x{p.n}x{p.k}"
     return [(label, f"Kernel Tuner {path.name}", space.features(valid),
              valid["time_ms"].to_numpy(dtype=np.float64), valid[list(space.tune_params_keys)])]
-
-
-def _results_parts(
-    logs: Sequence[Path], time_column: str, progress: bool
-) -> list[tuple[str, str, pd.DataFrame, np.ndarray]]:
-    return [part[:4] for part in results_spaces(logs, time_column, progress)]  # type: ignore[misc]
 
 
 def results_spaces(

@@ -20,7 +20,6 @@ Trial user attributes: `status` (`ok`, `failed`, `duplicate`, `lost`, `released`
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 import warnings
@@ -45,15 +44,6 @@ HEARTBEAT_S = 10
 GRACE_S = 60
 # Trials closed without a measurement; their candidates may be proposed again.
 _UNMEASURED = ("lost", "released")
-
-
-def candidate_set_digest(compilation_infos: Iterable[str]) -> str:
-    """Identity of a candidate set: workers must agree on which row is which candidate."""
-    digest = hashlib.sha256()
-    for info in compilation_infos:
-        digest.update(info.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:16]
 
 
 def default_storage(output_dir: Path) -> str:

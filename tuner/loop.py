@@ -167,22 +167,25 @@ def ranked_candidates(
 
         model = load_model(options.model_path)
     table = rank(cset, problem, target, order=options.order, seed=options.seed, model=model)
-    skip = {"score", "candidate_id"}
-    knob_columns = [c for c in table.columns if c not in skip]
     ids = table["candidate_id"].to_numpy()
     scores = table["score"].to_numpy(dtype=float) if "score" in table else None
     for position in range(len(table)):
-        row = table.iloc[position]
-        cid = int(ids[position])
         score = None if scores is None or np.isnan(scores[position]) else float(scores[position])
-        yield Candidate(
-            candidate_id=cid,
-            compilation_info=cset.compilation_info(cid),
-            pipeline=str(row.get("pipeline", "")),
-            knobs={c: _plain(row[c]) for c in knob_columns},
-            rank=position,
-            score=score,
-        )
+        yield table_candidate(cset, table.iloc[position], int(ids[position]), position, score)
+
+
+def table_candidate(
+    cset: Any, row: Any, candidate_id: int, rank: int, score: float | None
+) -> Candidate:
+    """The `Candidate` of one row of a (ranked) candidate table; its knobs are the row's columns."""
+    return Candidate(
+        candidate_id=candidate_id,
+        compilation_info=cset.compilation_info(candidate_id),
+        pipeline=str(row.get("pipeline", "")),
+        knobs={c: _plain(row[c]) for c in row.index if c not in ("score", "candidate_id")},
+        rank=rank,
+        score=score,
+    )
 
 
 # ---- preparing dispatches --------------------------------------------------------------------

@@ -28,10 +28,6 @@ if TYPE_CHECKING:
     from dispatchtune.tuner.loop import TuneOptions
 
 
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
-
-
 def table_digest(problem: Problem, target: Target, table: pd.DataFrame) -> str:
     """Identity of an enumerated candidate set (cheap: hashes the table, not the MLIR strings)."""
     import hashlib
@@ -111,16 +107,10 @@ class OnlineCandidates:
             yield self.candidate(row)
 
     def candidate(self, row: int) -> Candidate:
-        record = self.table.iloc[row]
-        knob_columns = [c for c in self.table.columns if c != "candidate_id"]
-        return Candidate(
-            candidate_id=row,
-            compilation_info=self.cset.compilation_info(row),
-            pipeline=str(record.get("pipeline", "")),
-            knobs={c: _plain(record[c]) for c in knob_columns},
-            rank=self.study.search.n_told,
-            score=float(self.prior[row]),
-        )
+        from dispatchtune.tuner.loop import table_candidate
+
+        return table_candidate(self.cset, self.table.iloc[row], row, self.study.search.n_told,
+                               float(self.prior[row]))
 
     # -- outcomes, reported by the loop ---------------------------------------------------------------
     def tell(self, candidate: Candidate, time_ms: float | None) -> None:
