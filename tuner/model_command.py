@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.tuner.tune_command import add_order_flags, order_of
 
 
 def register_tune_model(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,13 +64,7 @@ def register_tune_model(subparsers: Any) -> argparse.ArgumentParser:
         "--min-model-speedup", type=float, default=1.01,
         help="model speedup a configuration needs to be kept (default 1.01)",
     )
-    parser.add_argument(
-        "--order", choices=("heuristic", "random", "model", "online"), default="heuristic",
-        help="candidate order in the dispatch loop (default: heuristic; see `tune --order`)",
-    )
-    parser.add_argument(
-        "--model", metavar="FILE", help="learned model file for --order model/online",
-    )
+    add_order_flags(parser)
     parser.add_argument(
         "--timer", choices=("auto", "cpu", "real"), default="auto",
         help="model time: process CPU time or wall clock (default auto: cpu on local-sync, whose "
@@ -125,7 +120,7 @@ def run_tune_model(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=progress,
         dispatch=TuneOptions(
-            order="model" if args.model and args.order == "heuristic" else args.order,
+            order=order_of(args),
             model_path=args.model,
             devices=(args.device,) if args.device else (),
             jobs=max(0, args.jobs),

@@ -31,16 +31,7 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--output-dir", "-o", type=Path, required=True, help="output directory (resumable)"
     )
-    parser.add_argument(
-        "--order", choices=("heuristic", "random", "model", "online"), default="heuristic",
-        help="candidate order: heuristic (default), model (learned: --model FILE, else the "
-        "target's installed default model), online (Optuna search from the model's order that "
-        "refits on this run's measurements), random",
-    )
-    parser.add_argument(
-        "--model", metavar="FILE",
-        help="learned model file (train-costmodel) for --order model/online; implies model",
-    )
+    add_order_flags(parser)
     parser.add_argument(
         "--storage", metavar="URL",
         help="Optuna storage of the online search (default: sqlite study.db in the output dir); "
@@ -115,6 +106,25 @@ def register_tune(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
+def add_order_flags(parser: argparse.ArgumentParser) -> None:
+    """`--order` and `--model` of the dispatch loop (shared by `tune` and `tune-model`)."""
+    parser.add_argument(
+        "--order", choices=("heuristic", "random", "model", "online"), default="heuristic",
+        help="candidate order: heuristic (default), model (learned: --model FILE, else the "
+        "target's installed default model), online (Optuna search from the model's order that "
+        "refits on this run's measurements), random",
+    )
+    parser.add_argument(
+        "--model", metavar="FILE",
+        help="learned model file (train-costmodel) for --order model/online; implies model",
+    )
+
+
+def order_of(args: argparse.Namespace) -> str:
+    """The loop's order from the flags: a model file alone means `--order model`."""
+    return "model" if args.model and args.order == "heuristic" else str(args.order)
+
+
 def run_tune(args: argparse.Namespace) -> int:
     """Handler of `dispatchtune tune`."""
     from dispatchtune.datasets.records import CorruptRecordWarning
@@ -123,7 +133,7 @@ def run_tune(args: argparse.Namespace) -> int:
     devices = tuple(d.strip() for d in str(args.devices).split(",") if d.strip())
     options = TuneOptions(
         budget=args.budget,
-        order="model" if args.model and args.order == "heuristic" else args.order,
+        order=order_of(args),
         model_path=args.model,
         storage=args.storage,
         time_limit_s=args.time_limit,
