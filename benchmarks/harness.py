@@ -42,6 +42,8 @@ COLUMNS = (
     "random_expected", "invalid_proposals", "evaluated", "best_so_far",
 )
 HIT_BUDGETS = (10, 50, 200)
+#: TPE stops after this many proposals (repeats and invalid points included) per benchmark allowed.
+TPE_PROPOSALS_PER_BENCHMARK = 3
 CURVE_POINTS = 1000
 
 
@@ -161,7 +163,12 @@ def _online_order(space: ReplaySpace, prior: np.ndarray, seed: int, limit: int) 
 
 
 def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, int]:
-    """Rows TPE benchmarks (in order) and how many of its proposals were not valid configs."""
+    """Rows TPE benchmarks (in order) and how many of its proposals were not valid configs.
+
+    An invalid combination costs no benchmark; it is told as slower than anything measured
+    (twice the slowest time) rather than as a failed trial: TPE ignores failed trials and would
+    keep proposing invalid points (kerneltuner_replay.md), spending minutes of Optuna work per run.
+    """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -170,11 +177,11 @@ def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, i
     lookup = {tuple(row): i for i, row in enumerate(knobs.itertuples(index=False, name=None))}
     study = optuna.create_study(direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=seed))
+    penalty = 2.0 * float(np.nanmax(np.where(np.isfinite(space.times), space.times, np.nan)))
     order: list[int] = []
     seen: set[int] = set()
     invalid = 0
-    # TPE spends most proposals on invalid combinations (see kerneltuner_replay.md): cap them.
-    for _ in range(20 * limit):
+    for _ in range(TPE_PROPOSALS_PER_BENCHMARK * limit):
         if len(order) >= limit or len(seen) == space.n:
             break
         trial = study.ask()
@@ -182,7 +189,7 @@ def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, i
         row = lookup.get(config)
         if row is None:
             invalid += 1
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            study.tell(trial, penalty)
             continue
         if row not in seen:
             seen.add(row)

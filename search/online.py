@@ -1,12 +1,17 @@
 """`OnlineSearch`: ask-and-tell search over a fixed candidate set that learns from its own run.
 
 The cost model's scores are the prior: until a few candidates are measured, candidates are asked in
-prior order. From then on a small random forest is refitted on the run's own measurements (the
-candidates' features plus the prior score as one more column, label log(best / time)) and the
-next candidates are those with the highest upper confidence bound (mean + kappa x spread of the
-trees' predictions), so that the model's doubt is explored, not just its belief. A small fraction
-of asks is uniformly random: it keeps a wrong prior and a confident forest from hiding a region
-forever. Failed candidates are told as `None` and learnt as slower than anything measured.
+prior order. From then on a small extra-trees forest is refitted on the run's own measurements (the
+candidates' features, their raw knobs, the knobs' power-of-two structure and the prior score as
+one more column; label: the measured rank, mapped to normal scores) and asks alternate between
+- global: the highest upper confidence bound (mean + kappa x spread of the trees) over all
+  candidates, so the model's doubt is explored, not just its belief, and
+- local: the most promising candidate (a wider bound) among those one knob away from one of the
+  best few measured; it climbs out of regions a deceptive average points to (a knob that is
+  better on average but not at the optimum).
+A small fraction of asks is uniformly random: it keeps a wrong prior and a confident forest from
+hiding a region forever. Failed candidates are told as `None` and learnt as slower than anything
+measured.
 
 The class only sees row positions and times; the tuning loop (through the Optuna sampler in
 `search.optuna_search`) and the evaluation harness (replaying measured datasets) drive it alike.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -35,6 +41,9 @@ class OnlineSettings:
     refit_growth: float = 0.1  # refit when the measurements grew by this fraction (at least 1)
     prior_weight: float = 1.0  # weight of the prior's z-score in the acquisition, decaying with n
     prior_halflife: int = 20  # measurements after which the prior counts half as much
+    local_every: int = 2  # every n-th ask after the first refit is local (0: never)
+    local_kappa: float = 4.0  # the local step's spread weight: neighbours are cheap to check
+    local_incumbents: int = 3  # the local step searches around this many best measured
 
 
 class OnlineSearch:
@@ -49,10 +58,13 @@ class OnlineSearch:
         knobs: pd.DataFrame | None = None,
     ) -> None:
         x = np.asarray(features, dtype=np.float64)
-        if knobs is not None:
+        # Knob values define the local step's neighbourhoods (none without knobs).
+        self.knob_values = np.empty((x.shape[0], 0))
+        if knobs is not None and len(knobs.columns):
+            self.knob_values = numeric_knobs(knobs)
             # The raw knobs tell apart candidates that the shared feature vocabulary maps to the
             # same row; without them the forest keeps asking for twins of a measured candidate.
-            x = np.column_stack([x, numeric_knobs(knobs)]) if len(knobs.columns) else x
+            x = np.column_stack([x, self.knob_values, power_of_two_part(knobs)])
         prior_arr = np.asarray(prior, dtype=np.float64)
         if x.ndim != 2 or prior_arr.shape != (x.shape[0],):
             raise InputError(f"{prior_arr.shape} prior scores for a {x.shape} feature table")
@@ -71,7 +83,9 @@ class OnlineSearch:
         self.skipped = np.zeros(n, dtype=bool)  # never to be asked, no result (e.g. duplicates)
         self._told: list[int] = []
         self._acquisition: np.ndarray | None = None
+        self._local: np.ndarray | None = None
         self._fitted_at = 0
+        self._asks = 0
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -153,17 +167,45 @@ class OnlineSearch:
             for row in self._prior_order:
                 if free[row]:
                     return int(row)
+        self._asks += 1
+        if settings.local_every and self._asks % settings.local_every == 0:
+            row = self._next_local(free)
+            if row is not None:
+                return row
         if self.rng.random() < settings.random_fraction:
             return int(self.rng.choice(np.flatnonzero(free)))
-        if self._acquisition is None or self.n_told - self._fitted_at >= max(
-            1, int(settings.refit_growth * self._fitted_at)
-        ):
-            self._acquisition = self._fit_acquisition()
-            self._fitted_at = self.n_told
-        scores = np.where(free, self._acquisition, -np.inf)
-        return int(np.argmax(scores))
+        if self._acquisition is None or self._refit_due():
+            self._refit()
+        assert self._acquisition is not None
+        return int(np.argmax(np.where(free, self._acquisition, -np.inf)))
 
-    def _fit_acquisition(self) -> np.ndarray:
+    def _next_local(self, free: np.ndarray) -> int | None:
+        """The best-bounded free candidate one knob away from one of the best few measured."""
+        if not self.knob_values.shape[1]:
+            return None
+        if self._local is None or self._refit_due():
+            self._refit()
+        assert self._local is not None
+        measured = np.where(np.isfinite(self.times), self.times, np.inf)
+        for incumbent in np.argsort(measured)[: self.settings.local_incumbents]:
+            if not np.isfinite(measured[incumbent]):
+                break
+            near = free & ((self.knob_values != self.knob_values[incumbent]).sum(axis=1) <= 1)
+            if near.any():
+                return int(np.argmax(np.where(near, self._local, -np.inf)))
+        return None
+
+    def _refit_due(self) -> bool:
+        """Refit on every new result while there are few, then when they grew by `refit_growth`."""
+        grown = self.n_told - self._fitted_at
+        return grown >= max(1, int(self.settings.refit_growth * self._fitted_at))
+
+    def _refit(self) -> None:
+        self._acquisition, self._local = self._fit_acquisition()
+        self._fitted_at = self.n_told
+
+    def _fit_acquisition(self) -> tuple[np.ndarray, np.ndarray]:
+        """Global and local acquisition scores of every row (higher = ask sooner)."""
         from sklearn.ensemble import ExtraTreesRegressor
 
         settings = self.settings
@@ -171,8 +213,9 @@ class OnlineSearch:
         times = self.times[rows]
         ok = np.isfinite(times)
         y = np.empty(rows.size)
-        best = times[ok].min()
-        y[ok] = np.log(best / times[ok])
+        # Normal scores of the measured ranks: a few 100x-slow outliers would otherwise dominate
+        # the squared loss and flatten everything near the top, which is all that matters here.
+        y[ok] = _normal_scores(-times[ok])
         # Failures are slower than anything measured: the forest learns to avoid their region.
         y[~ok] = y[ok].min() - 1.0 if ok.any() else -1.0
         # Extra-trees: randomised splits give a useful spread on tens of points, where bootstrap
@@ -185,7 +228,7 @@ class OnlineSearch:
             n_jobs=1,
         ).fit(self.x[rows], y)
         per_tree = np.stack([tree.predict(self.x) for tree in forest.estimators_])
-        belief = _zscore(per_tree.mean(axis=0) + settings.kappa * per_tree.std(axis=0))
+        mean, spread = per_tree.mean(axis=0), per_tree.std(axis=0)
         # Trust moves from the prior to the run's own model as measurements accumulate, and the
         # prior keeps only as much weight as its rank agreement with what was measured so far.
         weight = rows.size / (rows.size + max(1, settings.prior_halflife))
@@ -193,7 +236,9 @@ class OnlineSearch:
         # even for a good prior: only disagreement beyond that noise (~1/sqrt(n)) costs trust.
         rho = _spearman(self.prior_z[rows[ok]], y[ok])
         agreement = float(np.clip(1.0 + rho + 1.5 / np.sqrt(max(1, int(ok.sum()) - 1)), 0.0, 1.0))
-        return weight * belief + (1.0 - weight) * settings.prior_weight * agreement * self.prior_z
+        prior = (1.0 - weight) * settings.prior_weight * agreement * self.prior_z
+        return (weight * _zscore(mean + settings.kappa * spread) + prior,
+                weight * _zscore(mean + settings.local_kappa * spread) + prior)
 
 
 def numeric_knobs(knobs: pd.DataFrame) -> np.ndarray:
@@ -206,6 +251,25 @@ def numeric_knobs(knobs: pd.DataFrame) -> np.ndarray:
         else:
             columns.append(pd.factorize(column.astype(str), sort=True)[0].astype(np.float64))
     return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
+
+
+def power_of_two_part(knobs: pd.DataFrame) -> np.ndarray:
+    """log2 of the largest power of two dividing each positive integer knob with more than two
+    values: GPU and CPU kernels favour power-of-two sizes, a pattern trees need many splits for."""
+    columns = []
+    for name in knobs.columns:
+        column = knobs[name]
+        if pd.api.types.is_integer_dtype(column) and column.nunique() > 2 and bool((column > 0).all()):
+            values = column.to_numpy(dtype=np.int64)
+            columns.append(np.log2(values & -values))
+    return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
+
+
+def _normal_scores(values: np.ndarray) -> np.ndarray:
+    """Normal quantiles of the ranks of `values` (higher value, higher score)."""
+    ranks = pd.Series(values).rank(method="average").to_numpy()
+    quantile = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
+    return np.asarray(quantile((ranks - 0.5) / values.size), dtype=np.float64)
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float:

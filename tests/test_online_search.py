@@ -68,6 +68,40 @@ def test_learning_overcomes_a_wrong_prior() -> None:
     assert np.median(online) < static / 4, (online, static)
 
 
+def deceptive_space() -> tuple[pd.DataFrame, np.ndarray]:
+    """Shaped like the Kernel Tuner convolution space: shared memory on (`shmem=1`) is faster on
+    average, but the only near-best candidates have it off, with one tile shape and a power-of-two
+    block width."""
+    grid = pd.MultiIndex.from_product(
+        [range(16, 257, 16), [1, 2, 4, 8, 16], [1, 2, 3, 4], [0, 1]],
+        names=["block_x", "block_y", "tile_y", "shmem"]).to_frame(index=False)
+    rng = np.random.default_rng(3)
+    pow2 = (grid["block_x"] & (grid["block_x"] - 1)) == 0
+    times = np.where(grid["shmem"] == 1, 2.0, 3.0) + 0.3 * rng.random(len(grid))
+    times += 0.2 * np.log2(grid["block_y"]) + 0.3 * (grid["tile_y"] != 4) + 0.5 * ~pow2
+    best = (grid["shmem"] == 0) & (grid["tile_y"] == 4) & (grid["block_y"] == 1) & pow2
+    times = np.where(best, 1.0 + 0.04 * rng.random(len(grid)), times)
+    return grid, times
+
+
+def test_local_steps_escape_a_deceptive_average() -> None:
+    knobs, times = deceptive_space()
+    flat = np.zeros(len(times))
+    no_features = pd.DataFrame(index=knobs.index)
+
+    def median_hits(settings: OnlineSettings) -> float:
+        return float(np.median([
+            first_hit(replay(OnlineSearch(no_features, flat, seed=s, settings=settings, knobs=knobs),
+                             times, 300), times) for s in range(6)]))
+
+    good = int((times <= times.min() * 1.05).sum())
+    random_expected = (len(times) + 1) / (good + 1)
+    with_local = median_hits(OnlineSettings())
+    without = median_hits(OnlineSettings(local_every=0))
+    assert with_local < without, (with_local, without)
+    assert with_local < random_expected / 2, (with_local, random_expected)
+
+
 def test_failures_are_learnt_and_skips_are_never_asked() -> None:
     features, times = synthetic_space(200)
     times[features["tile"] > 56] = np.inf  # a region that fails to compile
