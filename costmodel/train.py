@@ -79,8 +79,10 @@ def _classify(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     """Split inputs into results.jsonl files and Kernel Tuner caches."""
     logs: list[Path] = []
     caches: list[Path] = []
+    from dispatchtune.datasets.shipped import resolve
+
     for raw in paths:
-        path = Path(raw)
+        path = resolve(raw)
         if path.is_dir():
             found = [path / "results.jsonl"] if (path / "results.jsonl").exists() else sorted(
                 path.glob("*/results.jsonl"))
@@ -89,13 +91,13 @@ def _classify(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
             logs.extend(found)
         elif not path.exists():
             raise InputError(f"no such file: {path}")
-        elif path.name.endswith(".jsonl"):
+        elif path.name.endswith((".jsonl", ".jsonl.gz")):
             logs.append(path)
         elif path.name.endswith((".json", ".json.gz")):
             caches.append(path)
         else:
-            raise InputError(f"{path}: expected a results.jsonl log, a tune output directory or a "
-                             "Kernel Tuner cache (.json/.json.gz)")
+            raise InputError(f"{path}: expected a results.jsonl(.gz) log, a tune output directory, "
+                             "a Kernel Tuner cache (.json/.json.gz) or shipped:NAME")
     return logs, caches
 
 

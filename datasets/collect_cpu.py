@@ -29,6 +29,7 @@ cannot be tuned on CPU.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import subprocess
 import sys
@@ -154,6 +155,22 @@ def tune_command(mlir: Path, out: Path, budget: int, seed: int, repetitions: int
     return command
 
 
+def pack(shapes: Sequence[Shape], out_dir: Path, target: Path) -> int:
+    """Concatenate the shapes' logs into one gzip file (mtime 0: same logs, same bytes)."""
+    missing = [s.name for s in shapes if not (out_dir / s.name / "results.jsonl").is_file()]
+    if missing:
+        print(f"collect_cpu: error: no results.jsonl for {', '.join(missing)} in {out_dir}",
+              file=sys.stderr)
+        return 2
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0,
+                                                   compresslevel=9) as packed:
+        for shape in shapes:
+            packed.write((out_dir / shape.name / "results.jsonl").read_bytes())
+    print(f"packed {len(shapes)} shapes into {target} ({target.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--output-dir", "-o", type=Path, default=Path("cpu_dataset"),
@@ -168,6 +185,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the shapes and exit")
     parser.add_argument("--write-only", action="store_true",
                         help="write the MLIR files and the manifest, do not tune")
+    parser.add_argument("--pack", type=Path, metavar="FILE.jsonl.gz",
+                        help="do not tune: pack every shape's results.jsonl into one gzip log "
+                             "(how datasets/data/cpu_host.jsonl.gz is made)")
     args = parser.parse_args(argv)
     try:
         shapes = select(args.only)
@@ -179,10 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{s.name:24s} {s.problem.describe()}  ({s.source}; "
                   f"{s.problem.flops / 1e6:.0f} MFLOP)")
         return 0
+    if args.pack:
+        return pack(shapes, args.output_dir, args.pack)
     args.output_dir.mkdir(parents=True, exist_ok=True)
+    # The manifest lists the whole set, also when --only (re)collects a few shapes of it.
     manifest = [{"name": s.name, "source": s.source, "written_problem_key": s.problem.key,
                  "describe": s.problem.describe(), "mflop": s.problem.flops / 1e6}
-                for s in shapes]
+                for s in SHAPES]
     (args.output_dir / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     failed = []
     for index, shape in enumerate(shapes, start=1):

@@ -16,6 +16,7 @@ Two kinds of record share the format:
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import threading
@@ -150,12 +151,14 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
     Corrupt lines (not JSON, not an object, required fields missing) are skipped with a
     `CorruptRecordWarning` naming the file and line number. A record of a foreign or newer schema
-    raises `DispatchTuneError`. A missing file yields nothing.
+    raises `DispatchTuneError`. A missing file yields nothing. A name ending in `.gz` is read
+    through gzip (the shipped datasets are compressed logs).
     """
     path = Path(path)
     if not path.exists():
         return
-    with path.open("r", encoding="utf-8", errors="replace") as handle:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
         for number, line in enumerate(handle, start=1):
             text = line.strip()
             if not text:
