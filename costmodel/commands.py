@@ -49,10 +49,12 @@ def run_rank(args: argparse.Namespace) -> int:
         raise InputError("--limit must be >= 0")
     target = get_target(args.target)
     model = None
-    if args.model is not None:
-        from dispatchtune.costmodel.modelfile import load_model
+    if args.model is not None or args.order == "model":
+        from dispatchtune.costmodel.defaults import model_for_target
 
-        model, args.order = load_model(args.model), "model"
+        model, where = model_for_target(target.name, args.model)
+        args.order = "model"
+        print(f"ranking with the {where}", file=sys.stderr)
     tables = []
     for problem in load_problems(args.file, target):
         cset = enumerate_candidates(problem, target)

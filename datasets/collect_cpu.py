@@ -37,8 +37,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from dispatchtune.errors import InputError
+import numpy as np
+import pandas as pd
+
+from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.problem import Problem
 
 
@@ -171,6 +175,44 @@ def pack(shapes: Sequence[Shape], out_dir: Path, target: Path) -> int:
     return 0
 
 
+def noise_table(log: Path) -> pd.DataFrame:
+    """Per problem of a packed log (or a collection directory): candidates measured, repetitions,
+    the median coefficient of variation of a candidate's repetitions, the CV of the default
+    configuration's median over the run (re-measured at intervals: drift and load), how many
+    candidates are within 5% of the best, and the default's time over the best's."""
+    from dispatchtune.costmodel.train import _classify
+    from dispatchtune.datasets.records import read_records
+
+    logs, _ = _classify([log])
+    rows = []
+    records = [r for path in logs for r in read_records(path)]
+    by_problem: dict[str, list[dict[str, Any]]] = {}
+    for record in records:
+        by_problem.setdefault(record["problem_key"], []).append(record)
+    for key, group in by_problem.items():
+        ok = [r for r in group if r["kind"] == "candidate" and r.get("bench_status") == "ok"
+              and r.get("times_ms")]
+        # min over repetitions: the estimator the labels use (min_ms), robust to a stray slow run
+        base = [min(r["times_ms"]) for r in group if r["kind"] == "baseline" and r.get("times_ms")]
+        if not ok:
+            continue
+        times = np.array([min(r["times_ms"]) for r in ok])
+        cv = [np.std(r["times_ms"]) / np.mean(r["times_ms"]) for r in ok if len(r["times_ms"]) > 1]
+        rows.append({
+            "problem": key, "candidates": len(ok),
+            "failed": sum(r["kind"] == "candidate" for r in group) - len(ok),
+            "repetitions": int(np.median([len(r["times_ms"]) for r in ok])),
+            "repetition_cv": float(np.median(cv)) if cv else float("nan"),
+            "default_cv_over_run": float(np.std(base) / np.mean(base)) if len(base) > 1 else float("nan"),
+            "default_measurements": len(base),
+            "within_5pct": int((times <= times.min() * 1.05).sum()),
+            "default_over_best": float(np.median(base) / times.min()) if base else float("nan"),
+        })
+    if not rows:
+        raise InputError(f"{log}: no benchmarked candidates")
+    return pd.DataFrame(rows)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--output-dir", "-o", type=Path, default=Path("cpu_dataset"),
@@ -185,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the shapes and exit")
     parser.add_argument("--write-only", action="store_true",
                         help="write the MLIR files and the manifest, do not tune")
+    parser.add_argument("--stats", type=Path, metavar="LOG",
+                        help="do not tune: print the noise table of a packed log or output dir")
     parser.add_argument("--pack", type=Path, metavar="FILE.jsonl.gz",
                         help="do not tune: pack every shape's results.jsonl into one gzip log "
                              "(how datasets/data/cpu_host.jsonl.gz is made)")
@@ -201,6 +245,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.pack:
         return pack(shapes, args.output_dir, args.pack)
+    if args.stats:
+        try:
+            table = noise_table(args.stats)
+            print("| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns))
+            for row in table.itertuples(index=False):
+                print("| " + " | ".join(f"{v:.3g}" if isinstance(v, float) else str(v)
+                                        for v in row) + " |")
+        except DispatchTuneError as exc:
+            print(f"collect_cpu: error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     args.output_dir.mkdir(parents=True, exist_ok=True)
     # The manifest lists the whole set, also when --only (re)collects a few shapes of it.
     manifest = [{"name": s.name, "source": s.source, "written_problem_key": s.problem.key,

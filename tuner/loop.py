@@ -162,10 +162,14 @@ def ranked_candidates(
 
     cset = enumerate_candidates(problem, target)
     model = None
-    if options.model_path is not None:
-        from dispatchtune.costmodel.modelfile import load_model
+    if options.order == "model" or options.model_path is not None:
+        from dispatchtune.costmodel.defaults import model_for_target
 
-        model = load_model(options.model_path)
+        # Say which model orders the run: a missing default silently meaning "heuristic" would
+        # be one more silent fallback.
+        model, where = model_for_target(target.name, options.model_path)
+        if options.progress is not False:
+            print(f"{problem.key[:40]}: candidates ordered by the {where}", file=sys.stderr)
     table = rank(cset, problem, target, order=options.order, seed=options.seed, model=model)
     ids = table["candidate_id"].to_numpy()
     scores = table["score"].to_numpy(dtype=float) if "score" in table else None

@@ -10,6 +10,7 @@ worker and of every other worker sharing the storage. The prior is the target's 
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -59,6 +60,9 @@ class OnlineCandidates:
         table = self.cset.table.reset_index(drop=True)
         self.table = table
         model, self.prior_source = model_for_target(target.name, options.model_path)
+        if options.progress is not False:
+            print(f"{problem.key[:40]}: online search, prior from the {self.prior_source}",
+                  file=sys.stderr)
         features = extract_features(problem, target, table)
         prior = np.asarray(model.predict(features), dtype=np.float64)
         self.prior = prior

@@ -1,0 +1,65 @@
+"""The shipped CPU dataset and the installed default host model (issue #6, items 2 and 7)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dispatchtune.costmodel.defaults import default_model_path, model_for_target
+from dispatchtune.costmodel.learned import LearnedModel
+from dispatchtune.costmodel.train import load_training_data
+from dispatchtune.datasets.records import read_records
+from dispatchtune.datasets.shipped import SHIPPED, resolve, shipped_path
+from dispatchtune.errors import InputError
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
+
+
+def test_cpu_dataset_meets_the_collection_spec() -> None:
+    path = shipped_path("cpu_host")
+    assert path.stat().st_size < 20e6
+    assert (path.parent / "cpu_host.md").is_file()  # the card
+    by_problem: dict[str, dict[str, list[list[float]]]] = {}
+    for record in read_records(path):
+        kinds = by_problem.setdefault(record["problem_key"], {"candidate": [], "baseline": []})
+        if record["kind"] in kinds and record.get("bench_status") == "ok":
+            kinds[record["kind"]].append(record["times_ms"])
+    assert len(by_problem) >= 24
+    kinds_of_op = {key.split("_")[0] for key in by_problem}
+    assert kinds_of_op == {"contraction", "convolution"}
+    for key, kinds in by_problem.items():
+        assert len(kinds["candidate"]) >= 150, key
+        assert kinds["baseline"], key  # the default config is measured too
+        assert min(len(t) for t in kinds["candidate"]) >= 3, key
+
+
+def test_shipped_names_resolve_and_unknown_ones_are_one_line_errors(tmp_path: Path) -> None:
+    assert resolve("shipped:cpu_host") == shipped_path("cpu_host")
+    assert resolve(tmp_path) == tmp_path
+    assert set(SHIPPED) == {"cpu_host"}
+    with pytest.raises(InputError, match="no shipped dataset 'nope'"):
+        resolve("shipped:nope")
+    data = load_training_data(["shipped:cpu_host"])
+    assert len(set(data.groups)) >= 24 and np.isfinite(data.times).all()
+
+
+def test_installed_host_model_is_the_default_for_the_host_target() -> None:
+    path = default_model_path("host")
+    assert path is not None and path.stat().st_size < 5e6
+    model, where = model_for_target("host")
+    assert isinstance(model, LearnedModel) and "installed default" in where
+    # A GPU target has no shipped model: the heuristic ranks it.
+    assert "heuristic" in model_for_target("gfx942")[1]
+
+
+def test_rank_uses_the_installed_model_by_default() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "rank", str(FIXTURE), "--target", "host",
+         "--order", "model", "--limit", "3"],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "host.json" in result.stdout + result.stderr
