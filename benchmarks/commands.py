@@ -21,7 +21,8 @@ def register(subparsers: Any) -> None:
         "they are scored on. Writes report.md, results.csv, runs.csv and best_so_far.png.",
     )
     parser.add_argument("--dataset", nargs="+", required=True, metavar="PATH",
-                        help="Kernel Tuner caches (.json/.json.gz), results.jsonl files or dirs")
+                        help="Kernel Tuner caches (.json/.json.gz), results.jsonl(.gz) files or dirs, "
+                             "shipped:cpu_host (the shipped CPU dataset)")
     parser.add_argument("--orders", default="random,heuristic,gbm,online",
                         help="comma-separated: random,heuristic,rf,gbm,lambdarank,online,tpe "
                         "(default random,heuristic,gbm,online)")

@@ -180,11 +180,26 @@ def results_spaces(
         target = get_target(str(target_name))
         features = extract_features(problem, target, group)
         label = f"{target.name} {problem.describe()} [{key}]"
-        knobs = pd.DataFrame([dict(k) if isinstance(k, dict) else {} for k in group["knobs"]]) \
-            if "knobs" in group else pd.DataFrame(index=range(len(group)))
+        knobs = _logged_knobs(group)
         parts.append((label, "results.jsonl", features,
                       group[time_column].to_numpy(dtype=np.float64), knobs))
     return parts
+
+
+def _logged_knobs(group: pd.DataFrame) -> pd.DataFrame:
+    """The knob columns of one problem's logged candidates (`records_frame` flattens each
+    record's knobs into columns); knobs that never vary within the problem are left out."""
+    from dispatchtune.datasets.records import DERIVED_COLUMNS, ResultRecord
+
+    fields = (set(ResultRecord.__dataclass_fields__) | set(DERIVED_COLUMNS)) - {"pipeline"}
+    names = [c for c in group.columns if c not in fields]
+    # The solver's own variables (`knob_*`) are the search dimensions; the table's other columns
+    # (tile_m, workgroups, ...) are derived from them.
+    raw = [c for c in names if c.startswith("knob_")]
+    names = raw or names
+    knobs = group[names].reset_index(drop=True)
+    varying = [c for c in names if knobs[c].astype(str).nunique() > 1]
+    return knobs[varying]
 
 
 # ---- metrics of one held-out problem ----------------------------------------------------------
@@ -403,8 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
         "problems held out, and save it (safe JSON model file) with a report.",
     )
     parser.add_argument("inputs", nargs="+", metavar="LOGS_OR_DATASETS",
-                        help="results.jsonl files, tune output dirs (or dirs of them), Kernel "
-                        "Tuner caches (.json/.json.gz)")
+                        help="results.jsonl(.gz) files, tune output dirs (or dirs of them), "
+                        "Kernel Tuner caches (.json/.json.gz), shipped:cpu_host (the shipped CPU "
+                        "dataset)")
     parser.add_argument("--model", choices=tuple(MODELS), default="gbm", help="default gbm")
     parser.add_argument("--output", "-o", type=Path, required=True,
                         help="model file to write (JSON); the report goes next to it")

@@ -201,6 +201,10 @@ def _median(values: object) -> float:
     return float("nan")
 
 
+#: Columns `records_frame` adds to the record fields and the flattened knobs.
+DERIVED_COLUMNS = ("median_ms", "min_ms", "baseline_median_ms", "speedup")
+
+
 def records_frame(
     records: Iterable[Mapping[str, Any]],
     *,

@@ -63,3 +63,15 @@ def test_rank_uses_the_installed_model_by_default() -> None:
         capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr
     assert "host.json" in result.stdout + result.stderr
+
+
+def test_logged_spaces_carry_their_solver_knobs() -> None:
+    from dispatchtune.costmodel.train import results_spaces
+
+    parts = results_spaces([shipped_path("cpu_host")])
+    assert len(parts) >= 24
+    for label, _, features, times, knobs in parts:
+        assert len(knobs) == len(features) == len(times), label
+        # The solver variables that vary within the problem, not the derived table columns.
+        assert len(knobs.columns) >= 3 and all(c.startswith("knob_") for c in knobs.columns), label
+        assert (knobs.astype(str).nunique() > 1).all(), label
