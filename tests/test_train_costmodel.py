@@ -82,7 +82,7 @@ def test_one_problem_trains_without_cross_validation(
     ("argv", "message"),
     [
         (["missing.jsonl"], "no such file"),
-        ([str(FIXTURES / "malformed.mlir")], "expected a results.jsonl log"),
+        ([str(FIXTURES / "malformed.mlir")], "expected a results.jsonl(.gz) log"),
         ([str(FIXTURES / "kt_conv_a4000_slice.json.gz")], "no measured problem"),
     ],
 )
