@@ -177,7 +177,7 @@ def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, i
     lookup = {tuple(row): i for i, row in enumerate(knobs.itertuples(index=False, name=None))}
     study = optuna.create_study(direction="minimize",
                                 sampler=optuna.samplers.TPESampler(seed=seed))
-    penalty = 2.0 * float(np.nanmax(np.where(np.isfinite(space.times), space.times, np.nan)))
+    penalty = 2.0 * float(space.times.max())  # a space holds valid candidates only
     order: list[int] = []
     seen: set[int] = set()
     invalid = 0

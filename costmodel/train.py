@@ -38,6 +38,7 @@ from dispatchtune.costmodel.metrics import (
     near_optimal,
     random_expected_benchmarks,
 )
+from dispatchtune.datasets.shipped import resolve
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import FEATURE_NAMES
 
@@ -79,8 +80,6 @@ def _classify(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     """Split inputs into results.jsonl files and Kernel Tuner caches."""
     logs: list[Path] = []
     caches: list[Path] = []
-    from dispatchtune.datasets.shipped import resolve
-
     for raw in paths:
         path = resolve(raw)
         if path.is_dir():

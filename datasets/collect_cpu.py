@@ -37,7 +37,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -178,35 +177,39 @@ def pack(shapes: Sequence[Shape], out_dir: Path, target: Path) -> int:
 def noise_table(log: Path) -> pd.DataFrame:
     """Per problem of a packed log (or a collection directory): candidates measured, repetitions,
     the median coefficient of variation of a candidate's repetitions, the CV of the default
-    configuration's median over the run (re-measured at intervals: drift and load), how many
-    candidates are within 5% of the best, and the default's time over the best's."""
+    configuration's time over the run (re-measured at intervals: drift and load), how many
+    candidates are within 5% of the best, and the default's time over the best's. Times are the
+    minimum over repetitions (`min_ms`), the estimator the labels use."""
     from dispatchtune.costmodel.train import _classify
-    from dispatchtune.datasets.records import read_records
+    from dispatchtune.datasets.records import load_results
 
     logs, _ = _classify([log])
+    frame = load_results(logs, kinds=("candidate", "baseline")) if logs else pd.DataFrame()
+    if frame.empty:
+        raise InputError(f"{log}: no benchmarked candidates")
+    reps = frame["times_ms"].map(lambda t: len(t) if isinstance(t, list) else 0)
+    frame = frame.assign(
+        repetitions=reps,
+        cv=frame["times_ms"].map(lambda t: float(np.std(t) / np.mean(t)) if isinstance(t, list)
+                                 and len(t) > 1 else float("nan")),
+        measured=(frame["bench_status"] == "ok") & (reps > 0))
     rows = []
-    records = [r for path in logs for r in read_records(path)]
-    by_problem: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        by_problem.setdefault(record["problem_key"], []).append(record)
-    for key, group in by_problem.items():
-        ok = [r for r in group if r["kind"] == "candidate" and r.get("bench_status") == "ok"
-              and r.get("times_ms")]
-        # min over repetitions: the estimator the labels use (min_ms), robust to a stray slow run
-        base = [min(r["times_ms"]) for r in group if r["kind"] == "baseline" and r.get("times_ms")]
-        if not ok:
+    for key, group in frame.groupby("problem_key", sort=False):
+        candidates = group[group["kind"] == "candidate"]
+        ok = candidates[candidates["measured"]]
+        base = group.loc[(group["kind"] == "baseline") & (group["repetitions"] > 0), "min_ms"]
+        if ok.empty:
             continue
-        times = np.array([min(r["times_ms"]) for r in ok])
-        cv = [np.std(r["times_ms"]) / np.mean(r["times_ms"]) for r in ok if len(r["times_ms"]) > 1]
+        best = ok["min_ms"].min()
         rows.append({
-            "problem": key, "candidates": len(ok),
-            "failed": sum(r["kind"] == "candidate" for r in group) - len(ok),
-            "repetitions": int(np.median([len(r["times_ms"]) for r in ok])),
-            "repetition_cv": float(np.median(cv)) if cv else float("nan"),
-            "default_cv_over_run": float(np.std(base) / np.mean(base)) if len(base) > 1 else float("nan"),
+            "problem": key, "candidates": len(ok), "failed": len(candidates) - len(ok),
+            "repetitions": int(ok["repetitions"].median()),
+            "repetition_cv": float(ok["cv"].median()),
+            "default_cv_over_run": float(base.std(ddof=0) / base.mean()) if len(base) > 1
+            else float("nan"),
             "default_measurements": len(base),
-            "within_5pct": int((times <= times.min() * 1.05).sum()),
-            "default_over_best": float(np.median(base) / times.min()) if base else float("nan"),
+            "within_5pct": int((ok["min_ms"] <= best * 1.05).sum()),
+            "default_over_best": float(base.median() / best) if len(base) else float("nan"),
         })
     if not rows:
         raise InputError(f"{log}: no benchmarked candidates")

@@ -82,8 +82,7 @@ class OnlineSearch:
         self.pending: set[int] = set()
         self.skipped = np.zeros(n, dtype=bool)  # never to be asked, no result (e.g. duplicates)
         self._told: list[int] = []
-        self._acquisition: np.ndarray | None = None
-        self._local: np.ndarray | None = None
+        self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (global, local) scores
         self._fitted_at = 0
         self._asks = 0
 
@@ -174,35 +173,31 @@ class OnlineSearch:
                 return row
         if self.rng.random() < settings.random_fraction:
             return int(self.rng.choice(np.flatnonzero(free)))
-        if self._acquisition is None or self._refit_due():
-            self._refit()
-        assert self._acquisition is not None
-        return int(np.argmax(np.where(free, self._acquisition, -np.inf)))
+        acquisition, _ = self._scores()
+        return int(np.argmax(np.where(free, acquisition, -np.inf)))
 
     def _next_local(self, free: np.ndarray) -> int | None:
         """The best-bounded free candidate one knob away from one of the best few measured."""
         if not self.knob_values.shape[1]:
             return None
-        if self._local is None or self._refit_due():
-            self._refit()
-        assert self._local is not None
+        _, local = self._scores()
         measured = np.where(np.isfinite(self.times), self.times, np.inf)
         for incumbent in np.argsort(measured)[: self.settings.local_incumbents]:
             if not np.isfinite(measured[incumbent]):
                 break
             near = free & ((self.knob_values != self.knob_values[incumbent]).sum(axis=1) <= 1)
             if near.any():
-                return int(np.argmax(np.where(near, self._local, -np.inf)))
+                return int(np.argmax(np.where(near, local, -np.inf)))
         return None
 
-    def _refit_due(self) -> bool:
-        """Refit on every new result while there are few, then when they grew by `refit_growth`."""
+    def _scores(self) -> tuple[np.ndarray, np.ndarray]:
+        """The global and local acquisition scores, refitted on every new result while there are
+        few, then whenever the results grew by `refit_growth`."""
         grown = self.n_told - self._fitted_at
-        return grown >= max(1, int(self.settings.refit_growth * self._fitted_at))
-
-    def _refit(self) -> None:
-        self._acquisition, self._local = self._fit_acquisition()
-        self._fitted_at = self.n_told
+        if self._fitted is None or grown >= max(1, int(self.settings.refit_growth * self._fitted_at)):
+            self._fitted = self._fit_acquisition()
+            self._fitted_at = self.n_told
+        return self._fitted
 
     def _fit_acquisition(self) -> tuple[np.ndarray, np.ndarray]:
         """Global and local acquisition scores of every row (higher = ask sooner)."""
