@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import warnings
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,35 +159,39 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     if not path.exists():
         return
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            text = line.strip()
-            if not text:
-                continue
-            where = f"{path}:{number}"
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                warnings.warn(
-                    f"{where}: corrupt record skipped ({exc.msg})", CorruptRecordWarning,
-                    stacklevel=2,
-                )
-                continue
-            if not isinstance(record, dict):
-                warnings.warn(
-                    f"{where}: corrupt record skipped (not a JSON object)", CorruptRecordWarning,
-                    stacklevel=2,
-                )
-                continue
-            check_schema(record.get("schema"), where)
-            missing = [name for name in _REQUIRED if name not in record]
-            if missing:
-                warnings.warn(
-                    f"{where}: corrupt record skipped (missing {', '.join(missing)})",
-                    CorruptRecordWarning, stacklevel=2,
-                )
-                continue
-            yield record
+    try:
+        with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+            for number, line in enumerate(handle, start=1):
+                text = line.strip()
+                if not text:
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    record = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    warnings.warn(
+                        f"{where}: corrupt record skipped ({exc.msg})", CorruptRecordWarning,
+                        stacklevel=2,
+                    )
+                    continue
+                if not isinstance(record, dict):
+                    warnings.warn(
+                        f"{where}: corrupt record skipped (not a JSON object)", CorruptRecordWarning,
+                        stacklevel=2,
+                    )
+                    continue
+                check_schema(record.get("schema"), where)
+                missing = [name for name in _REQUIRED if name not in record]
+                if missing:
+                    warnings.warn(
+                        f"{where}: corrupt record skipped (missing {', '.join(missing)})",
+                        CorruptRecordWarning, stacklevel=2,
+                    )
+                    continue
+                yield record
+    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        # A truncated or foreign .gz file: one line naming the file, not a traceback.
+        raise DispatchTuneError(f"{path}: not a readable gzip log ({exc})") from exc
 
 
 def record_from_dict(data: Mapping[str, Any]) -> ResultRecord:

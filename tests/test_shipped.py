@@ -75,3 +75,4 @@ def test_logged_spaces_carry_their_solver_knobs() -> None:
         # The solver variables that vary within the problem, not the derived table columns.
         assert len(knobs.columns) >= 3 and all(c.startswith("knob_") for c in knobs.columns), label
         assert (knobs.astype(str).nunique() > 1).all(), label
+

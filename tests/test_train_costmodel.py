@@ -84,11 +84,16 @@ def test_one_problem_trains_without_cross_validation(
         (["missing.jsonl"], "no such file"),
         ([str(FIXTURES / "malformed.mlir")], "expected a results.jsonl(.gz) log"),
         ([str(FIXTURES / "kt_conv_a4000_slice.json.gz")], "no measured problem"),
+        (["BAD_GZ"], "not a readable gzip log"),
+        (["shipped:nope"], "no shipped dataset 'nope'"),
     ],
 )
 def test_bad_inputs_exit_2_with_one_line(
     argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    if argv == ["BAD_GZ"]:  # a truncated or foreign file named like a compressed log
+        argv = [str(tmp_path / "results.jsonl.gz")]
+        Path(argv[0]).write_text("not gzip\n")
     rc = train_costmodel_main([*argv, "-o", str(tmp_path / "m.json")])
     err = capsys.readouterr().err
     assert rc == 2
