@@ -9,11 +9,12 @@ reach the first candidate within `threshold` of the space's best (NaN if not wit
 
 Orders:
 - `random`: a seeded uniform permutation (its exact expectation is in every row too);
-- `heuristic`: the handwritten model, ties broken by the seed;
+- `heuristic`: the handwritten model, ties broken by the seed (on a space without features, e.g.
+  Kernel Tuner's convolution, the knob heuristic: power-of-two sizes first);
 - `rf`, `gbm`, `lambdarank`: learned models trained without the space they are scored on
   (leave-one-problem-out; `split="device"` also leaves out the space's whole device);
 - `online`: `search.online.OnlineSearch` from the best static prior available (gbm when other
-  spaces can train it, else the heuristic, else a flat prior), refitting on its own results;
+  spaces can train it, else the heuristic), refitting on its own results;
 - `tpe`: Optuna's TPE over the raw knobs (each knob categorical over its values); a proposed
   combination that is not a measured configuration costs no benchmark but is counted in
   `invalid_proposals`.
@@ -146,11 +147,13 @@ class _Models:
         return make_model(kind, n_jobs=2).fit(features, labels_from_times(times), groups)
 
 
-def _heuristic_scores(space: ReplaySpace) -> np.ndarray | None:
+def _heuristic_scores(space: ReplaySpace) -> np.ndarray:
+    """The handwritten heuristic; over the raw knobs where the feature vocabulary does not reach."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
+    from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel
 
     if space.features is None:
-        return None
+        return np.asarray(KnobHeuristicModel().predict(space.knobs), dtype=float)
     return np.asarray(HeuristicModel().predict(space.features), dtype=float)
 
 
@@ -250,8 +253,6 @@ def replay_spaces(
             prior = models.scores("gbm", space)
             if prior is None:
                 prior = _heuristic_scores(space)
-            if prior is None:
-                prior = np.zeros(space.n)
         for seed in seeds:
             invalid = 0
             if name == "random":

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dispatchtune.costmodel.knob_heuristic import size_knobs
 from dispatchtune.errors import InputError
 
 
@@ -252,11 +253,9 @@ def power_of_two_part(knobs: pd.DataFrame) -> np.ndarray:
     """log2 of the largest power of two dividing each positive integer knob with more than two
     values: GPU and CPU kernels favour power-of-two sizes, a pattern trees need many splits for."""
     columns = []
-    for name in knobs.columns:
-        column = knobs[name]
-        if pd.api.types.is_integer_dtype(column) and column.nunique() > 2 and bool((column > 0).all()):
-            values = column.to_numpy(dtype=np.int64)
-            columns.append(np.log2(values & -values))
+    for name in size_knobs(knobs):
+        values = knobs[name].to_numpy(dtype=np.int64)
+        columns.append(np.log2(values & -values))
     return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from dispatchtune.benchmarks.harness import COLUMNS, load_spaces, replay_spaces, write_report
 from dispatchtune.cli import main as cli_main
+from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
 from dispatchtune.errors import InputError
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -79,3 +80,22 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert len(err) == 1 and "unknown order" in err[0]
     with pytest.raises(InputError):
         load_spaces([tmp_path / "missing.jsonl"])
+
+
+def test_a_space_without_features_is_ordered_by_the_knob_heuristic() -> None:
+    # The convolution has no feature mapping: the heuristic (and the online prior) fall back to
+    # the raw knobs, power-of-two sizes first, instead of skipping the space.
+    (space,) = load_spaces([FIXTURES / "kt_conv_a4000_slice.json.gz"])
+    assert space.features is None
+    rows = replay_spaces([space], ["heuristic", "online"], range(2), max_benchmarks=space.n,
+                         progress=False)
+    assert set(rows["order"]) == {"heuristic", "online"}
+    heuristic = rows[rows["order"] == "heuristic"]
+    assert heuristic["evaluated"].eq(space.n).all()
+    sizes = space.knobs[["block_size_x", "block_size_y", "tile_size_x", "tile_size_y"]].to_numpy()
+    all_pow2 = ((sizes & (sizes - 1)) == 0).all(axis=1)
+    order = KnobHeuristicModel().rank(space.knobs)
+    # Every candidate whose four sizes are powers of two comes before any other; the flags
+    # (read_only, use_shmem, ...) and the constant filter sizes carry no opinion.
+    assert 0 < all_pow2.sum() < space.n and all_pow2[order[: all_pow2.sum()]].all()
+    assert size_knobs(space.knobs) == ["block_size_x", "block_size_y", "tile_size_x", "tile_size_y"]
