@@ -245,3 +245,21 @@ def test_docs_list_every_term_with_its_formula() -> None:
     text = (Path(__file__).resolve().parents[1] / "docs" / "heuristic.md").read_text()
     for term in (*GPU_TERMS, *CPU_TERMS):
         assert f"| `{term.name}` | `{term.formula}` |" in text, term.name
+
+
+def test_knob_heuristic_counts_power_of_two_sizes_only() -> None:
+    from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
+
+    knobs = pd.DataFrame({
+        "block": [32, 48, 64, 96],        # size: 32 and 64 are powers of two
+        "tile": [1, 3, 2, 4],             # size: 1, 2, 4 are
+        "flag": [1, 0, 1, 0],             # two values: a switch, no opinion
+        "offset": [0, 1, 2, 3],           # not positive: no opinion
+        "ratio": [0.5, 1.0, 2.0, 4.0],    # not integer: no opinion
+        "layout": ["a", "b", "c", "d"],
+    })
+    assert size_knobs(knobs) == ["block", "tile"]
+    model = KnobHeuristicModel()
+    assert model.fit(knobs, None) is model
+    assert model.predict(knobs).tolist() == [2.0, 0.0, 2.0, 1.0]
+    assert model.rank(knobs).tolist() == [0, 2, 3, 1]
