@@ -1,4 +1,7 @@
-"""dispatchtune.costmodel: rank candidates (handwritten heuristic, random baseline, learned models).
+"""dispatchtune.costmodel: rank candidates (handwritten heuristics, random baseline, learned models).
+
+`KnobHeuristicModel` scores a foreign kernel's raw knob table where the feature vocabulary does
+not reach (power-of-two sizes first).
 
 The learned models (`RandomForestModel`, `GBMRegressorModel`, `LambdaRankModel`, `make_model`) and
 their safe file format (`save_model`, `load_model`) are imported on first use: they pull in
@@ -9,6 +12,7 @@ from typing import Any
 
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.costmodel.heuristic import CPU_TERMS, GPU_TERMS, HeuristicModel, HeuristicTerm
+from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel
 from dispatchtune.costmodel.rank import ORDERS, rank
 
 _LAZY = {
@@ -25,6 +29,7 @@ __all__ = [
     "CostModel",
     "HeuristicModel",
     "HeuristicTerm",
+    "KnobHeuristicModel",
     "rank",
     *_LAZY,
 ]
