@@ -16,8 +16,13 @@ run's, but its `evaluated` and best-so-far curve stop there (`--full-bayes-opt` 
 budget). Kernel Tuner (the `bench` extra) is needed only by this script.
 
 Writes report.md, results.csv and plots into --output-dir (`harness.write_report`) and prints a
-summary table. The Kernel Tuner rows are checkpointed run by run in kerneltuner_rows.csv: a rerun
-with the same settings replays only the runs it lacks.
+summary table. The Kernel Tuner rows are checkpointed run by run in kerneltuner_rows.csv, the
+harness's order by order in harness_rows.csv: a rerun with the same settings replays only what they
+lack. On two cores, run the parts side by side, then once more for the report:
+
+  .venv/bin/python benchmarks/peers.py --output-dir peers_out --orders &      # Kernel Tuner only
+  .venv/bin/python benchmarks/peers.py --output-dir peers_out --strategies &  # harness only
+  wait; .venv/bin/python benchmarks/peers.py --output-dir peers_out           # both, from checkpoints
 
 Usage:
   .venv/bin/python benchmarks/peers.py --output-dir peers_out [--seeds 20]
@@ -119,6 +124,48 @@ def kernel_tuner_part(
     return rows[wanted].drop_duplicates(["problem", "order", "seed"]).reset_index(drop=True)
 
 
+def harness_part(
+    spaces: Sequence[Path], orders: Sequence[str], seeds: Sequence[int], threshold: float,
+    max_benchmarks: int, out_dir: Path,
+) -> pd.DataFrame:
+    """The evaluation harness's rows, checkpointed order by order in out_dir/harness_rows.csv.
+
+    An order whose rows cover every space and seed is read back, not replayed, so the harness and
+    Kernel Tuner parts can run as two processes on one output directory (`--strategies` with no
+    names, and `--orders` with none) and a last full run only writes the report. The checkpoint is
+    keyed on the settings, not on the code: delete it after changing an order.
+    """
+    from dispatchtune.benchmarks import harness
+    from dispatchtune.benchmarks.kerneltuner_peers import typed_rows
+
+    settings = {"threshold": threshold, "max_benchmarks": max_benchmarks,
+                "spaces": sorted(p.name for p in spaces)}
+    checkpoint, meta = out_dir / "harness_rows.csv", out_dir / "harness_rows.json"
+    done = pd.DataFrame(columns=list(harness.COLUMNS))
+    if checkpoint.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+        done = typed_rows(pd.read_csv(checkpoint))
+    else:
+        meta.write_text(json.dumps(settings))
+        done.to_csv(checkpoint, index=False)
+    loaded = harness.load_spaces(list(spaces))
+    parts = [done] if len(done) else []
+    for order in orders:
+        have = done[done["order"] == order]
+        # Orders that do not apply to a space (no features, nothing to learn from) have no rows
+        # there, so "complete" is every seed for every space the order produced rows on, or a
+        # previous attempt that produced none at all is retried.
+        complete = len(have) and all(set(seeds) <= set(g["seed"]) for _, g in have.groupby("problem"))
+        if complete:
+            continue
+        rows = harness.replay_spaces(loaded, [order], list(seeds), threshold=threshold,
+                                     max_benchmarks=max_benchmarks)
+        rows.to_csv(checkpoint, mode="a", header=False, index=False)
+        parts.append(rows)
+    rows = pd.concat(parts, ignore_index=True) if parts else done
+    wanted = rows["order"].isin(list(orders)) & rows["seed"].isin(list(seeds))
+    return rows[wanted].drop_duplicates(["problem", "order", "seed"], keep="last").reset_index(drop=True)
+
+
 def run(
     spaces: Sequence[Path], orders: Sequence[str], strategies: Sequence[str], seeds: Sequence[int],
     threshold: float, max_benchmarks: int, out_dir: Path, full_bayes_opt: bool, command: str = "",
@@ -144,8 +191,7 @@ def run(
                                 f"{out_dir / 'kerneltuner_rows.csv'}") from exc
     if orders:
         start = time.perf_counter()
-        parts.append(harness.replay_rows(list(spaces), list(orders), list(seeds), threshold=threshold,
-                                         max_benchmarks=max_benchmarks))
+        parts.append(harness_part(spaces, orders, seeds, threshold, max_benchmarks, out_dir))
         seconds["harness"] = time.perf_counter() - start
     rows = pd.concat(parts, ignore_index=True)
     title = (f"Peers on Kernel Tuner spaces: benchmarks to {threshold:.0%} of the best, "

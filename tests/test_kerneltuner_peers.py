@@ -149,6 +149,27 @@ def test_peers_checkpoint_replays_only_missing_runs(tmp_path: Path) -> None:
     assert len(pd.read_csv(checkpoint)) == 1
 
 
+def test_peers_harness_checkpoint_replays_only_missing_orders(tmp_path: Path) -> None:
+    from dispatchtune.benchmarks.peers import harness_part
+
+    first = harness_part([GEMM, CONV], ["random"], [0, 1], THRESHOLD, 50, tmp_path)
+    checkpoint = tmp_path / "harness_rows.csv"
+    assert len(pd.read_csv(checkpoint)) == 4  # two spaces x two seeds
+    both = harness_part([GEMM, CONV], ["random", "heuristic"], [0, 1], THRESHOLD, 50, tmp_path)
+    stored = pd.read_csv(checkpoint)
+    assert (stored["order"] == "random").sum() == 4  # read back, not replayed
+    assert (stored["order"] == "heuristic").sum() == 4
+    assert sorted(both["order"].unique()) == ["heuristic", "random"]
+    again = both[both["order"] == "random"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(again, first)  # the CSV round trip keeps values and dtypes
+    # Another seed makes the order incomplete: it is replayed and the later rows win.
+    more = harness_part([GEMM, CONV], ["random"], [0, 1, 2], THRESHOLD, 50, tmp_path)
+    assert len(more) == 6 and sorted(set(more["seed"])) == [0, 1, 2]
+    # Other settings start afresh.
+    harness_part([GEMM], ["random"], [0], 0.10, 50, tmp_path)
+    assert len(pd.read_csv(checkpoint)) == 1
+
+
 def test_peers_summary_counts_misses_last() -> None:
     from dispatchtune.benchmarks.peers import summarize
 
