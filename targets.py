@@ -34,6 +34,15 @@ class CpuFacts:
     l3_bytes: int
     features: tuple[str, ...] = field(repr=False, default=())
 
+    @property
+    def max_vector_bytes(self) -> int:
+        """IREE's LLVMCPU verifier rejects vector ops of this many bytes or more.
+
+        The bound is 512 native vectors (measured with iree-compile 3.13: "large vector sizes
+        (8192 / 16384 / 32768 bytes)" for 16 / 32 / 64-byte native vectors).
+        """
+        return 512 * self.native_vector_bytes
+
 
 @dataclass(frozen=True)
 class GpuFacts:
@@ -82,6 +91,18 @@ class Target:
         if self.backend == "cuda":
             return "--iree-codegen-transform-dialect-library"
         return "--iree-codegen-tuning-spec-path"
+
+    def check_runs_here(self) -> None:
+        """Raise a one-line `TargetError` if this machine cannot run this llvm-cpu target's code."""
+        if self.is_gpu or self.name == _TARGETS[0].name:
+            return
+        missing = sorted(set(self.cpu_facts().features) - set(_TARGETS[0].cpu_facts().features))
+        if missing:
+            raise TargetError(
+                f"this machine's CPU lacks {', '.join(missing[:4])}"
+                f"{' ...' if len(missing) > 4 else ''} of {self.arch}, so {self.name} binaries "
+                "cannot be benchmarked here; use --target host or --compile-only"
+            )
 
     def cpu_facts(self) -> CpuFacts:
         if self.is_gpu:
@@ -155,14 +176,52 @@ def list_targets() -> tuple[Target, ...]:
     return _TARGETS
 
 
+#: `llvm-cpu:<cpu>` names an llvm-cpu target for another CPU (an LLVM CPU name: znver4,
+#: x86-64-v3, ...): its space and features follow that CPU's vector width and registers.
+CPU_PREFIX = "llvm-cpu:"
+
+
 def get_target(name: str) -> Target:
     """Look a target up by name or alias; unknown names raise a one-line `TargetError`."""
     wanted = name.strip().lower()
     for target in _TARGETS:
         if wanted == target.name or wanted in target.aliases:
             return target
+    if wanted.startswith(CPU_PREFIX) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", wanted[len(CPU_PREFIX):]):
+        return cpu_target(wanted[len(CPU_PREFIX):])
     known = ", ".join(t.name for t in _TARGETS)
-    raise TargetError(f"unknown target {name!r}; known targets: {known}")
+    raise TargetError(f"unknown target {name!r}; known targets: {known}, {CPU_PREFIX}<cpu>")
+
+
+def record_target(name: str, cpu: str = "") -> Target:
+    """The target a logged result was measured on: its name, and for `host` the CPU it recorded.
+
+    A log of `host` written on another CPU (say AVX-512, read on an AVX2 machine) is featurised
+    for the CPU it was measured on, not for this machine's.
+    """
+    target = get_target(name)
+    host = _TARGETS[0]
+    if cpu and target.name == host.name and cpu != host.cpu_facts().cpu:
+        return cpu_target(cpu)
+    return target
+
+
+@functools.cache
+def cpu_target(cpu: str) -> Target:
+    """An llvm-cpu target for a named CPU; binaries run here only if this CPU has its features.
+
+    Cores and caches are still read from this machine. An unknown CPU name fails at the first
+    probe with IREE's one-line error ("Unknown CPU for target architecture").
+    """
+    host = _TARGETS[0]
+    return Target(
+        name=f"{CPU_PREFIX}{cpu}",
+        backend="llvm-cpu",
+        arch=cpu,
+        description=f"llvm-cpu for {cpu} (benchmarks need a CPU with its features)",
+        compile_flags=(*host.compile_flags[:-1], f"--iree-llvmcpu-target-cpu={cpu}"),
+        device_uri=host.device_uri,
+    )
 
 
 # ---- probing ----------------------------------------------------------------------------------

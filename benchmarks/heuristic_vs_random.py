@@ -86,7 +86,7 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
     from dispatchtune.datasets.records import load_results
     from dispatchtune.features.extract import extract_features
     from dispatchtune.problem import Problem
-    from dispatchtune.targets import get_target
+    from dispatchtune.targets import record_target
 
     frame = load_results(list(paths))
     if frame.empty:
@@ -97,8 +97,11 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
     ok &= np.isfinite(frame["median_ms"].to_numpy(dtype=np.float64))
     frame = frame[ok]
     spaces = []
-    groups = frame.groupby(["problem_key", "target"], sort=True)
-    for (_key, target_name), group in tqdm(groups, desc="results problems",
+    # Logs from before `target_cpu` existed have none: "" (this machine's CPU for `host`).
+    frame = frame.assign(target_cpu=frame.get("target_cpu", pd.Series("", index=frame.index))
+                         .fillna("").astype(str))
+    groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
+    for (_key, target_name, cpu), group in tqdm(groups, desc="results problems",
                                           disable=not sys.stderr.isatty()):
         # A candidate measured in several sessions counts once, with its median over sessions.
         group = group.groupby("candidate_id", sort=True).agg(
@@ -108,7 +111,7 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
         if len(group) < 2:
             continue
         problem = Problem.from_dict(group["problem"].iloc[0])
-        target = get_target(str(target_name))
+        target = record_target(str(target_name), str(cpu))
         features = extract_features(problem, target, group)
         loops = "x".join(str(size) for size in problem.loop_sizes)
         label = f"{target.name} {problem.kind} {loops} {'x'.join(problem.input_types)}"

@@ -16,9 +16,16 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 
 def default_model_path(target_name: str) -> Path | None:
-    """The installed default model file of a target, if one ships."""
-    path = MODELS_DIR / f"{target_name}.json"
-    return path if path.is_file() else None
+    """The installed default model file of a target, if one ships.
+
+    A named llvm-cpu target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs
+    whose features already carry the vector width and registers of the CPU they ran on.
+    """
+    for name in (target_name, "host") if target_name.startswith("llvm-cpu:") else (target_name,):
+        path = MODELS_DIR / f"{name}.json"
+        if path.is_file():
+            return path
+    return None
 
 
 def model_for_target(target_name: str, model_path: str | Path | None = None) -> tuple[CostModel, str]:

@@ -155,7 +155,7 @@ def results_spaces(
     from dispatchtune.datasets.records import load_results
     from dispatchtune.features.extract import extract_features
     from dispatchtune.problem import Problem
-    from dispatchtune.targets import get_target
+    from dispatchtune.targets import record_target
 
     frame = load_results(list(logs))
     if frame.empty:
@@ -169,14 +169,17 @@ def results_spaces(
     ok &= frame[time_column].to_numpy(dtype=np.float64) > 0
     frame = frame[ok]
     parts: list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]] = []
-    groups = frame.groupby(["problem_key", "target"], sort=True)
-    for (key, target_name), group in tqdm(groups, desc="logged problems", disable=not progress):
+    # Logs from before `target_cpu` existed have none: "" (this machine's CPU for `host`).
+    frame = frame.assign(target_cpu=frame.get("target_cpu", pd.Series("", index=frame.index))
+                         .fillna("").astype(str))
+    groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
+    for (key, target_name, cpu), group in tqdm(groups, desc="logged problems", disable=not progress):
         # A candidate measured in several sessions counts once, with its median over sessions.
         first = {c: "first" for c in group.columns if c not in ("candidate_id", time_column)}
         group = group.groupby("candidate_id", sort=True).agg(
             {**first, time_column: "median"}).reset_index()
         problem = Problem.from_dict(group["problem"].iloc[0])
-        target = get_target(str(target_name))
+        target = record_target(str(target_name), str(cpu))
         features = extract_features(problem, target, group)
         label = f"{target.name} {problem.describe()} [{key}]"
         knobs = _logged_knobs(group)

@@ -86,6 +86,9 @@ class ResultRecord:
     verify_error: str = ""
     max_abs_error: float | None = None
     timestamp: float = field(default_factory=time.time)
+    #: llvm-cpu only: the CPU IREE compiled for (`host` resolved, e.g. znver4), so that features
+    #: of a log are computed for the CPU it was measured on (`targets.record_target`).
+    target_cpu: str = ""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, default=_json_default)

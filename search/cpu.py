@@ -19,9 +19,10 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
 - C2 every vector tile divides its distribution tile, so the vector loop has no remainder (a
   vector tile larger than the distribution tile ran 8x slower).
 - C3 the reduction tile divides the reduction loop (same reason as C1).
-- C4 the vectorised op has fewer than 32768 bytes: vec_m * vec_n * red_k * A < 32768, IREE's
-  LLVMCPU vector-size verifier rejects larger ones ("large vector sizes (32768 bytes)"; measured:
-  8128 f32 elements compile, 8192 fail).
+- C4 the vectorised op is under IREE's size limit of 512 native vectors: vec_m * vec_n * red_k * A
+  < 512 * W; IREE's LLVMCPU vector-size verifier rejects larger ones ("large vector sizes (32768
+  bytes)" with AVX-512, 16384 with AVX2; measured: on AVX-512 8128 f32 elements compile, 8192
+  fail; on AVX2 4064 compile, 4096 fail; `CpuFacts.max_vector_bytes`).
 - C5 the innermost (contiguous) vector dimension fills whole native vectors: vec_n * A is a
   multiple of W, unless vec_n is the whole N loop (narrow problems). When N * A itself is not a
   multiple of W, vectors of W/2, W/4, ... (at least 16 bytes) are allowed too; otherwise a
@@ -55,9 +56,6 @@ from dispatchtune.problem import Problem, element_bytes
 from dispatchtune.search.engine import ConstraintSystem
 from dispatchtune.search.space import CPU_PIPELINES, CandidateSet, finish_table
 from dispatchtune.targets import CpuFacts, Target
-
-#: IREE's LLVMCPU verifier rejects vector ops of this many bytes or more (C4).
-MAX_VECTOR_BYTES = 32768
 
 
 @dataclass(frozen=True)
@@ -96,6 +94,7 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
 
     acc = max(int(element_bytes(problem.output_type)), 1)
     width, registers, cores = facts.native_vector_bytes, facts.vector_registers, facts.cores
+    max_vector = facts.max_vector_bytes
     asserts: list[tuple[Any, str]] = []
 
     def add(expr: Any, reason: str) -> None:
@@ -118,7 +117,7 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         add(z3.And(vm >= 1, dm % vm == 0), "C2 vec_m divides dist_m")
         add(z3.And(vn >= 1, dn % vn == 0), "C2 vec_n divides dist_n")
         add(_divisible(z3, k, rk), "C3 reduction tile divides K")
-        add(vm * vn * rk * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
+        add(vm * vn * rk * acc < max_vector, "C4 vector op under IREE's size limit")
         add(_native_width(z3, vn, n, acc, width), "C5 vec_n fills native vectors")
         add(vm * vn * acc <= registers * width, "C6 accumulator tile fits the registers")
         add(db * dm * dn * cores <= b * m * n, "C7 at least one workgroup per core")
@@ -149,7 +148,7 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
         add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
         add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
-        add(vow * voc * ric * acc < MAX_VECTOR_BYTES, "C4 vector op under IREE's size limit")
+        add(vow * voc * ric * acc < max_vector, "C4 vector op under IREE's size limit")
         add(_native_width(z3, voc, oc, acc, width), "C5 vec_oc fills native vectors")
         add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
         add(

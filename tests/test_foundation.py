@@ -120,6 +120,24 @@ def test_targets_registry_and_facts() -> None:
         get_target("gfx9000")
 
 
+def test_named_cpu_targets_follow_that_cpu_and_refuse_to_benchmark_what_cannot_run() -> None:
+    avx2, avx512 = get_target("llvm-cpu:x86-64-v3"), get_target("llvm-cpu:X86-64-v4")
+    assert (avx2.cpu_facts().native_vector_bytes, avx2.cpu_facts().vector_registers) == (32, 16)
+    assert (avx512.cpu_facts().native_vector_bytes, avx512.cpu_facts().vector_registers) == (64, 32)
+    assert avx512.cpu_facts().max_vector_bytes == 32768 == 2 * avx2.cpu_facts().max_vector_bytes
+    assert "--iree-llvmcpu-target-cpu=x86-64-v4" in avx512.compile_flags
+    assert get_target("host").cpu_facts().native_vector_bytes in (16, 32, 64)
+    get_target("host").check_runs_here()
+    get_target("llvm-cpu:x86-64").check_runs_here()  # every x86-64 machine has the baseline
+    if "avx512f" not in get_target("host").cpu_facts().features:
+        with pytest.raises(TargetError, match="lacks avx512"):
+            avx512.check_runs_here()
+    with pytest.raises(DispatchTuneError, match="Unknown CPU"):
+        get_target("llvm-cpu:nosuchcpu").cpu_facts()
+    with pytest.raises(TargetError, match="unknown target"):
+        get_target("llvm-cpu:bad name")
+
+
 def test_spec_applies_and_is_verified_by_reading_back(tmp_path: Path) -> None:
     host = get_target("host")
     source = EXAMPLES / "matmul_f32_512.mlir"

@@ -12,12 +12,16 @@ import z3
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
 from dispatchtune.search import enumerate_candidates
-from dispatchtune.search.cpu import MAX_VECTOR_BYTES, cpu_model
-from dispatchtune.targets import get_target
+from dispatchtune.search.cpu import cpu_model
+from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import run_tool
 
 HOST = get_target("host")
 FACTS = HOST.cpu_facts()
+# Fixed CPUs, so that what a test expects does not depend on the machine it runs on (the space
+# follows the vector width and register count). Compiling for them works on any x86 machine.
+AVX2 = get_target("llvm-cpu:x86-64-v3")
+AVX512 = get_target("llvm-cpu:x86-64-v4")
 
 
 def _divisors(n: int) -> list[int]:
@@ -37,7 +41,7 @@ def _brute_force_contraction(b: int, m: int, n: int, k: int, acc: int) -> set[tu
     for db, dm, dn, rk in itertools.product(_divisors(b), _divisors(m), _divisors(n), _divisors(k)):
         for vm, vn in itertools.product(_divisors(dm), _divisors(dn)):
             if (
-                vm * vn * rk * acc < MAX_VECTOR_BYTES
+                vm * vn * rk * acc < FACTS.max_vector_bytes
                 and _c5(vn, n, acc, w)
                 and vm * vn * acc <= r * w
                 and (b // db) * (m // dm) * (n // dn) >= cores
@@ -75,7 +79,7 @@ def test_conv_space_equals_brute_force() -> None:
     ):
         for vow, voc in itertools.product(_divisors(dow), _divisors(doc)):
             if (
-                vow * voc * ric * 4 < MAX_VECTOR_BYTES
+                vow * voc * ric * 4 < FACTS.max_vector_bytes
                 and _c5(voc, 32, 4, w)
                 and vow * voc * 4 <= r * w
                 and (2 // dn) * (6 // doh) * (8 // dow) * (32 // doc) >= cores
@@ -105,7 +109,7 @@ def test_every_candidate_satisfies_the_z3_model() -> None:
 
 
 def test_matmul_512_space_is_sized_and_holds_default_and_slow_configs() -> None:
-    cands = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), HOST)
+    cands = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), AVX512)
     t = cands.table
     assert 300 <= len(t) <= 5000
     key = ["tile_m", "tile_n", "vec_m", "vec_n", "tile_k"]
@@ -125,7 +129,7 @@ def test_matmul_512_space_is_sized_and_holds_default_and_slow_configs() -> None:
         f"vector_reduction = [0, 0, {row.tile_k}]>, translation_info = "
         "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
     )
-    again = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), HOST, limit=10)
+    again = enumerate_candidates(Problem.matmul(512, 512, 512, "f32"), AVX512, limit=10)
     pd.testing.assert_frame_equal(again.table, t.iloc[:10].reset_index(drop=True))
 
 
@@ -139,8 +143,8 @@ def test_batch_matmul_lists_have_one_entry_per_loop() -> None:
     assert set(cands.table["tile_b"]) == {1, 2, 4}
 
 
-def _compile_matmul(vec: tuple[int, int], red: int) -> int:
-    """Compile a 256^3 f32 matmul carrying a config (on the op) for the host; return the rc."""
+def _compile_matmul(target: Target, vec: tuple[int, int], red: int) -> int:
+    """Compile a 256^3 f32 matmul carrying a config (on the op) for a CPU; return the rc."""
     ci = (
         "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
         f"distribution = [128, 128, 0], vector_common_parallel = [{vec[0]}, {vec[1]}, 0], "
@@ -150,19 +154,27 @@ def _compile_matmul(vec: tuple[int, int], red: int) -> int:
     source = Problem.matmul(256, 256, 256).to_mlir().replace(
         "linalg.generic {", f"linalg.generic {{compilation_info = {ci}, ", 1
     )
-    args = ["-", *HOST.compile_flags, "-o", "/dev/null"]
+    args = ["-", *target.compile_flags, "-o", "/dev/null"]
     return run_tool("iree-compile", args, input_text=source).returncode
 
 
-def test_vector_size_constraint_is_the_compiler_limit() -> None:
-    """C4's bound is where IREE starts rejecting: 8128 f32 elements compile, 8192 do not."""
-    limit = MAX_VECTOR_BYTES // 4
-    assert 8 * 8 * 127 < limit <= 4 * 16 * 128
-    assert _compile_matmul((8, 8), 127) == 0
-    assert _compile_matmul((4, 16), 128) != 0
-    configs = enumerate_candidates(Problem.matmul(256, 256, 256), HOST).table
+@pytest.mark.parametrize(
+    ("target", "fits", "too_big"),
+    [(AVX512, ((8, 8), 127), ((4, 16), 128)), (AVX2, ((8, 8), 63), ((8, 8), 64))],
+    ids=["avx512", "avx2"],
+)
+def test_vector_size_constraint_is_the_compiler_limit(
+    target: Target, fits: tuple[tuple[int, int], int], too_big: tuple[tuple[int, int], int]
+) -> None:
+    """C4's bound is where IREE starts rejecting: 512 native vectors (8192 f32 on AVX-512)."""
+    facts = target.cpu_facts()
+    limit = facts.max_vector_bytes // 4
+    assert limit == 512 * facts.native_vector_bytes // 4
+    assert math.prod(fits[0]) * fits[1] < limit == math.prod(too_big[0]) * too_big[1]
+    assert _compile_matmul(target, *fits) == 0
+    assert _compile_matmul(target, *too_big) != 0
+    configs = enumerate_candidates(Problem.matmul(256, 256, 256), target).table
     assert int((configs["vec_m"] * configs["vec_n"] * configs["tile_k"]).max()) < limit
-    assert math.prod((4, 16, 128)) == limit
 
 
 def test_unsupported_cpu_inputs_are_one_line_errors() -> None:

@@ -115,3 +115,26 @@ def test_metrics_helpers() -> None:
     assert len(folds) == 2
     assert sorted(p for fold in folds for p in fold) == ["a", "b", "c", "d", "e"]
     assert problem_folds(["a", "b"], 0, seed=0) == [["a"], ["b"]]
+
+
+def test_a_log_is_featurised_for_the_cpu_it_was_measured_on(tmp_path: Path) -> None:
+    from dispatchtune.costmodel.train import results_spaces
+    from dispatchtune.targets import get_target, record_target
+
+    assert record_target("host", "") is get_target("host")
+    assert record_target("host", get_target("host").cpu_facts().cpu) is get_target("host")
+    assert record_target("host", "x86-64-v4").name == "llvm-cpu:x86-64-v4"
+    assert record_target("gfx942", "x86-64-v4").name == "gfx942"
+    lines = CPU_MATMUL.read_text().splitlines()
+    fraction = {}
+    for cpu in ("x86-64-v3", "x86-64-v4"):
+        log = tmp_path / f"{cpu}.jsonl"
+        log.write_text("".join(json.dumps({**json.loads(line), "target_cpu": cpu}) + "\n"
+                               for line in lines))
+        ((label, _, features, times, _),) = results_spaces([log])
+        assert label.startswith(f"llvm-cpu:{cpu} ") or get_target("host").cpu_facts().cpu == cpu
+        assert len(features) == len(times) > 10
+        fraction[cpu] = features["cpu_register_tile_fraction"].to_numpy()
+    # The accumulator tile over the register file (R * W bytes): AVX-512 has 32 registers of 64
+    # bytes, AVX2 16 of 32, so the same logged tiles fill a quarter as much of it.
+    np.testing.assert_allclose(fraction["x86-64-v4"] * 4, fraction["x86-64-v3"])

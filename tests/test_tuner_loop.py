@@ -79,6 +79,8 @@ def test_loop_logs_every_outcome_and_writes_an_applied_spec(tmp_path: Path) -> N
     assert len(baselines) >= 3
     assert all(len(b["times_ms"]) == 3 and b["candidate_id"] == -1 for b in baselines)
     assert baselines[0]["compilation_info"].startswith("#iree_codegen.compilation_info")
+    # The CPU `host` stood for is logged, so the log is featurised for it on any machine.
+    assert {r["target_cpu"] for r in records} == {HOST.cpu_facts().cpu}
 
     bad, gpu = by_id[10], by_id[12]
     assert bad["compile_status"] == "failed" and "large vector sizes" in bad["compile_error"]

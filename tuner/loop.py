@@ -306,6 +306,7 @@ class _DispatchTuner:
             problem=self.problem.to_dict(),
             problem_key=self.problem.key,
             target=self.target.name,
+            target_cpu="" if self.target.is_gpu else self.target.cpu_facts().cpu,
             iree_version=self.iree_version,
             session=self.session,
             order=self.options.order,
@@ -791,6 +792,8 @@ def tune(
     options = options or TuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
+    if not options.compile_only:
+        target.check_runs_here()
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"

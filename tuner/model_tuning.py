@@ -887,6 +887,7 @@ def tune_model(
     options = options or ModelTuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
+    target.check_runs_here()
     model = Path(path)
     if not model.is_file():
         raise InputError(f"no such file: {model}")
