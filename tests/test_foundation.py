@@ -136,6 +136,10 @@ def test_named_cpu_targets_follow_that_cpu_and_refuse_to_benchmark_what_cannot_r
         get_target("llvm-cpu:nosuchcpu").cpu_facts()
     with pytest.raises(TargetError, match="unknown target"):
         get_target("llvm-cpu:bad name")
+    from dispatchtune.costmodel.defaults import default_model_path
+
+    # The installed CPU model ranks named CPUs too (its features carry the vector facts).
+    assert default_model_path("llvm-cpu:znver4") == default_model_path("host") is not None
 
 
 def test_spec_applies_and_is_verified_by_reading_back(tmp_path: Path) -> None:
