@@ -365,6 +365,13 @@ def plot_best_so_far(rows: pd.DataFrame, path: Path, max_benchmarks: int = 1000)
     cols = min(3, len(shown))
     nrows = -(-len(shown) // cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(5.2 * cols, 3.6 * nrows), squeeze=False)
+    # One style per order across every panel (a space without some order must not shift the
+    # colours of the rest); past ten orders the colours repeat dashed.
+    palette = [plt.get_cmap("tab10")(i) for i in range(10)]
+    styles = {order: {"color": palette[i % 10], "linestyle": "-" if i < 10 else "--",
+                      "linewidth": 2.2 if order == "online" else 1.3}
+              for i, order in enumerate(dict.fromkeys(rows["order"]))}
+    handles: dict[str, Any] = {}
     for ax, problem in zip(axes.flat, shown, strict=False):
         group = rows[rows["problem"] == problem]
         for order, g in group.groupby("order", sort=False):
@@ -372,7 +379,9 @@ def plot_best_so_far(rows: pd.DataFrame, path: Path, max_benchmarks: int = 1000)
             length = min(max(len(c) for c in curves), max_benchmarks)
             padded = np.array([np.pad(c, (0, length - len(c)), mode="edge") if c else
                                np.zeros(length) for c in curves])
-            ax.plot(np.arange(1, length + 1), np.median(padded, axis=0), label=str(order))
+            (line,) = ax.plot(np.arange(1, length + 1), np.median(padded, axis=0),
+                              label=str(order), **styles[order])
+            handles.setdefault(str(order), line)
         ax.set_xscale("log")
         ax.axhline(1 / 1.05, color="grey", linestyle=":", linewidth=1)
         ax.set_title(problem[:48], fontsize=8)
@@ -381,7 +390,7 @@ def plot_best_so_far(rows: pd.DataFrame, path: Path, max_benchmarks: int = 1000)
         ax.set_ylim(0, 1.02)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=7)
+    axes.flat[0].legend(handles.values(), handles.keys(), fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
