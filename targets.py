@@ -115,11 +115,11 @@ class Target:
         return _probe_gpu(self)
 
 
-_CPU_FLAGS = (
+_LOCAL_CPU_FLAGS = (
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
-    "--iree-llvmcpu-target-cpu=host",
 )
+_CPU_FLAGS = (*_LOCAL_CPU_FLAGS, "--iree-llvmcpu-target-cpu=host")
 
 _TARGETS: tuple[Target, ...] = (
     Target(
@@ -219,7 +219,7 @@ def cpu_target(cpu: str) -> Target:
         backend="llvm-cpu",
         arch=cpu,
         description=f"llvm-cpu for {cpu} (benchmarks need a CPU with its features)",
-        compile_flags=(*host.compile_flags[:-1], f"--iree-llvmcpu-target-cpu={cpu}"),
+        compile_flags=(*_LOCAL_CPU_FLAGS, f"--iree-llvmcpu-target-cpu={cpu}"),
         device_uri=host.device_uri,
     )
 

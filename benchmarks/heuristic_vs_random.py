@@ -97,9 +97,6 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
     ok &= np.isfinite(frame["median_ms"].to_numpy(dtype=np.float64))
     frame = frame[ok]
     spaces = []
-    # Logs from before `target_cpu` existed have none: "" (this machine's CPU for `host`).
-    frame = frame.assign(target_cpu=frame.get("target_cpu", pd.Series("", index=frame.index))
-                         .fillna("").astype(str))
     groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
     for (_key, target_name, cpu), group in tqdm(groups, desc="results problems",
                                           disable=not sys.stderr.isatty()):

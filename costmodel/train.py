@@ -169,9 +169,6 @@ def results_spaces(
     ok &= frame[time_column].to_numpy(dtype=np.float64) > 0
     frame = frame[ok]
     parts: list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]] = []
-    # Logs from before `target_cpu` existed have none: "" (this machine's CPU for `host`).
-    frame = frame.assign(target_cpu=frame.get("target_cpu", pd.Series("", index=frame.index))
-                         .fillna("").astype(str))
     groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
     for (key, target_name, cpu), group in tqdm(groups, desc="logged problems", disable=not progress):
         # A candidate measured in several sessions counts once, with its median over sessions.

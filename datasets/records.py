@@ -235,6 +235,7 @@ def records_frame(
         if kind not in kinds and not (include_baselines and kind == "baseline"):
             continue
         row = {k: v for k, v in record.items() if k not in ("knobs", "problem")}
+        row.setdefault("target_cpu", "")  # logs written before the field: this machine's CPU
         knobs = record.get("knobs") or {}
         for name, value in knobs.items():
             if name not in row or name == "pipeline":
