@@ -8,9 +8,9 @@ Data flows one way: `tuner` (IREE side) -> `search` (Z3 enumeration, ordering) -
 from typing import TYPE_CHECKING, Any
 
 from dispatchtune.errors import DispatchTuneError, InputError, TargetError
+from dispatchtune.ir.frontend import load_problems
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target, get_target, list_targets
-from dispatchtune.tuner.frontend import load_problems
 
 if TYPE_CHECKING:
     from dispatchtune.costmodel.rank import rank

@@ -3,7 +3,7 @@
 A problem is described the way IREE's tuner bindings see it: the static trip count of every loop of
 the op, which loops belong to which dimension class (M/N/K/batch; conv image/filter/channels;
 attention B/M/N/K1/K2), the operand element types and the indexing maps. It can be parsed from real
-IREE input (`dispatchtune.tuner.frontend.load_problems`) or built in Python and rendered back to a
+IREE input (`dispatchtune.ir.frontend.load_problems`) or built in Python and rendered back to a
 compilable MLIR function (`Problem.to_mlir`), so datasets of shapes can be generated.
 """
 

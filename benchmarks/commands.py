@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> int:
-    from dispatchtune.benchmarks.harness import replay_rows, summarize, write_report
+    from dispatchtune.evaluation.harness import replay_rows, summarize, write_report
 
     orders = [o.strip() for o in str(args.orders).split(",") if o.strip()]
     if not orders:

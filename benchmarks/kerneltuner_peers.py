@@ -19,7 +19,7 @@ counts are exactly those a real tuning session on that GPU would have spent. Cou
   like any other.
 
 `kernel_tuner_rows` returns one row per (strategy, seed) in the evaluation harness's columns
-(`dispatchtune.benchmarks.harness`). `kernel_tuner` is imported inside the functions so that this
+(`dispatchtune.evaluation.harness`). `kernel_tuner` is imported inside the functions so that this
 module, and the package, import without it.
 """
 

@@ -6,7 +6,7 @@ configuration within the threshold (5%) of the space's best, over `--seeds` seed
 method, with failed configurations costing a benchmark:
 
 - dispatchtune's orders and the other peers (random, heuristic, learned static order, online,
-  Optuna TPE) from the evaluation harness (`dispatchtune.benchmarks.harness.replay_rows`);
+  Optuna TPE) from the evaluation harness (`dispatchtune.evaluation.harness.replay_rows`);
 - Kernel Tuner's own strategies (genetic algorithm, dual annealing, particle swarm, Bayesian
   optimisation) replayed in its simulation mode (`dispatchtune.benchmarks.kerneltuner_peers`).
 
@@ -135,8 +135,8 @@ def harness_part(
     names, and `--orders` with none) and a last full run only writes the report. The checkpoint is
     keyed on the settings, not on the code: delete it after changing an order.
     """
-    from dispatchtune.benchmarks import harness
     from dispatchtune.benchmarks.kerneltuner_peers import typed_rows
+    from dispatchtune.evaluation import harness
 
     settings = {"threshold": threshold, "max_benchmarks": max_benchmarks,
                 "spaces": sorted(p.name for p in spaces)}
@@ -185,7 +185,7 @@ def run(
                                        full_bayes_opt))
         seconds["kernel_tuner"] = time.perf_counter() - start
     try:
-        from dispatchtune.benchmarks import harness
+        from dispatchtune.evaluation import harness
     except ImportError as exc:
         raise DispatchTuneError(f"evaluation harness not available ({exc}); Kernel Tuner rows kept in "
                                 f"{out_dir / 'kerneltuner_rows.csv'}") from exc

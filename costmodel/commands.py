@@ -41,9 +41,9 @@ def register(subparsers: Any) -> None:
 
 def run_rank(args: argparse.Namespace) -> int:
     from dispatchtune.costmodel.rank import rank
+    from dispatchtune.ir.frontend import load_problems
     from dispatchtune.search import enumerate_candidates
     from dispatchtune.targets import get_target
-    from dispatchtune.tuner.frontend import load_problems
 
     if args.limit < 0:
         raise InputError("--limit must be >= 0")

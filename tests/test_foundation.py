@@ -12,7 +12,7 @@ import pytest
 import dispatchtune
 from dispatchtune import Problem, get_target, list_targets, load_problems
 from dispatchtune.errors import DispatchTuneError, InputError, TargetError
-from dispatchtune.tuner import spec
+from dispatchtune.ir import spec
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"

@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dispatchtune.benchmarks.harness import COLUMNS, load_spaces, replay_spaces, write_report
 from dispatchtune.cli import main as cli_main
 from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
 from dispatchtune.errors import InputError
+from dispatchtune.evaluation.harness import COLUMNS, load_spaces, replay_spaces, write_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DATASETS = [

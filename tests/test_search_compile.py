@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from dispatchtune import load_problems
+from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, write_spec
 from dispatchtune.problem import Problem
 from dispatchtune.search import enumerate_candidates
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import first_error_line, run_tool
-from dispatchtune.tuner.spec import applied_configs, config_applied, tuning_spec, write_spec
 
 CONV_F16 = Problem.conv2d_nhwc_hwcf(2, 16, 16, 32, 32, 3, 3, "f16")
 

@@ -28,7 +28,7 @@ def test_at_least_24_distinct_shapes_and_no_unit_batch_convolutions() -> None:
 
 
 def test_written_shapes_are_read_back_by_the_front_end(tmp_path: Path) -> None:
-    from dispatchtune.tuner.frontend import load_problems
+    from dispatchtune.ir.frontend import load_problems
 
     names = ["bert_attn_scores", "resnet_s4_3x3"]
     assert main(["-o", str(tmp_path), "--only", *names, "--write-only"]) == 0

@@ -12,9 +12,10 @@ import pytest
 
 from dispatchtune.cli import main as cli_main
 from dispatchtune.datasets.records import read_records
+from dispatchtune.ir.frontend import load_problems
+from dispatchtune.ir.spec import applied_configs, check_spec, config_applied
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
-from dispatchtune.tuner.frontend import load_problems
 from dispatchtune.tuner.loop import TuneOptions
 from dispatchtune.tuner.model_tuning import (
     DispatchRow,
@@ -32,7 +33,6 @@ from dispatchtune.tuner.model_tuning import (
     tune_model,
     write_model_inputs,
 )
-from dispatchtune.tuner.spec import applied_configs, check_spec, config_applied
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "transformer_block_f32.mlir"
 HOST = get_target("host")

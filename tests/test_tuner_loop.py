@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from dispatchtune.candidate import Candidate
 from dispatchtune.cli import main as cli_main
 from dispatchtune.datasets.records import CorruptRecordWarning, read_records
+from dispatchtune.ir.spec import applied_configs, config_applied
 from dispatchtune.targets import get_target
 from dispatchtune.tuner.loop import TuneOptions, tune
-from dispatchtune.tuner.spec import applied_configs, config_applied
-from dispatchtune.tuner.worker import Candidate
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
 HOST = get_target("host")

@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 
 from dispatchtune.errors import InputError
-from dispatchtune.problem import Problem
-from dispatchtune.targets import get_target
-from dispatchtune.toolchain import tool_path
-from dispatchtune.tuner.benchfile import (
+from dispatchtune.measure.benchfile import (
     add_buffer_fill,
     dump_dispatch_benchmarks,
     fill_pattern,
     is_dispatch_benchmark,
     strip_compilation_info,
 )
-from dispatchtune.tuner.process import classify, run_process
-from dispatchtune.tuner.verify import compare, run_function, tolerance, write_inputs
-from dispatchtune.tuner.worker import parse_benchmark_json
+from dispatchtune.measure.process import classify, run_process
+from dispatchtune.measure.verify import compare, run_function, tolerance, write_inputs
+from dispatchtune.measure.worker import parse_benchmark_json
+from dispatchtune.problem import Problem
+from dispatchtune.targets import get_target
+from dispatchtune.toolchain import tool_path
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
 HOST = get_target("host")

@@ -63,7 +63,7 @@ def _layout(problem: Problem) -> str:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    from dispatchtune.tuner.frontend import load_problems
+    from dispatchtune.ir.frontend import load_problems
 
     problems = load_problems(args.file, get_target(args.target))
     for index, problem in enumerate(problems):

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from dispatchtune.candidate import Candidate
 from dispatchtune.datasets.records import (
     BASELINE_ID,
     ResultRecord,
@@ -44,22 +45,18 @@ from dispatchtune.datasets.records import (
     read_records,
 )
 from dispatchtune.errors import DispatchTuneError, InputError
-from dispatchtune.problem import Problem
-from dispatchtune.targets import Target, get_target
-from dispatchtune.toolchain import iree_compiler_version
-from dispatchtune.tuner.benchfile import (
+from dispatchtune.measure.benchfile import (
     PreparedDispatch,
     dump_dispatch_benchmarks,
     is_dispatch_benchmark,
     prepare_dispatch,
 )
-from dispatchtune.tuner.process import kill_children
-from dispatchtune.tuner.verify import VerifyInputs, compare, run_function, write_inputs
-from dispatchtune.tuner.worker import (
+from dispatchtune.measure.process import kill_children
+from dispatchtune.measure.verify import VerifyInputs, compare, run_function, write_inputs
+from dispatchtune.measure.worker import (
     BINDINGS_LOCK,
     BenchSettings,
     BinaryRegistry,
-    Candidate,
     CompileContext,
     CompileOutcome,
     CpuSlots,
@@ -69,6 +66,9 @@ from dispatchtune.tuner.worker import (
     compile_module,
     sha256_file,
 )
+from dispatchtune.problem import Problem
+from dispatchtune.targets import Target, get_target
+from dispatchtune.toolchain import iree_compiler_version
 
 ORDERS = ("heuristic", "random", "model", "online")
 
@@ -195,7 +195,7 @@ def table_candidate(
 # ---- preparing dispatches --------------------------------------------------------------------
 def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[PreparedDispatch]:
     """Stripped + filled benchmark files for every distinct tunable dispatch of `path`."""
-    from dispatchtune.tuner.frontend import load_problems, read_input
+    from dispatchtune.ir.frontend import load_problems, read_input
 
     path = Path(path)
     text = read_input(path)
@@ -335,7 +335,7 @@ class _DispatchTuner:
         self.baseline_sha = sha256_file(self.baseline_vmfb)
         self.registry.claim(self.baseline_sha, BASELINE_ID)
         if self.options.check_applied:
-            from dispatchtune.tuner.spec import applied_configs
+            from dispatchtune.ir.spec import applied_configs
 
             try:
                 with BINDINGS_LOCK:

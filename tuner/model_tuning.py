@@ -43,12 +43,12 @@ import numpy as np
 
 from dispatchtune.datasets.records import read_records
 from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.measure.process import ProcessResult, run_process
+from dispatchtune.measure.verify import compare, numpy_dtype
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import iree_compiler_version, mlir_error_line, tool_path
 from dispatchtune.tuner.loop import TuneOptions
-from dispatchtune.tuner.process import ProcessResult, run_process
-from dispatchtune.tuner.verify import compare, numpy_dtype
 
 MODEL_SCHEMA = "dispatchtune.model/1"
 TIMERS = ("auto", "cpu", "real")
@@ -142,7 +142,7 @@ def find_entry(path: Path, function: str = "") -> EntryFunction:
     """The function to benchmark: `function`, else the only public one, else `main`."""
     from iree.compiler import ir
 
-    from dispatchtune.tuner.frontend import read_input
+    from dispatchtune.ir.frontend import read_input
 
     text = read_input(path)
     with ir.Context():
@@ -571,8 +571,8 @@ class _ModelTuner:
 
     def build(self, kept: Sequence[tuple[str, int]]) -> tuple[Path | None, str]:
         """The model built with a spec configuring `kept` (key, candidate id); (vmfb, error)."""
-        from dispatchtune.tuner.spec import tuning_spec, write_spec
-        from dispatchtune.tuner.worker import BINDINGS_LOCK
+        from dispatchtune.ir.spec import tuning_spec, write_spec
+        from dispatchtune.measure.worker import BINDINGS_LOCK
 
         name = hashlib.sha1(json.dumps(sorted(kept)).encode()).hexdigest()[:12] if kept else "default"
         if name in self.builds:
@@ -664,8 +664,8 @@ class _ModelTuner:
     # -- 3. dispatch tuning ----------------------------------------------------------------------
     def tune_dispatches(self, selected: Sequence[DispatchShare]) -> list[dict[str, Any]]:
         """Run the dispatch loop on each selected key with its budget; return every record."""
-        from dispatchtune.tuner.benchfile import dump_dispatch_benchmarks
-        from dispatchtune.tuner.frontend import load_problems
+        from dispatchtune.ir.frontend import load_problems
+        from dispatchtune.measure.benchfile import dump_dispatch_benchmarks
         from dispatchtune.tuner.loop import tune
 
         dispatch_dir = self.out / "dispatches"
@@ -752,8 +752,8 @@ class _ModelTuner:
     def model_step(
         self, share: DispatchShare, finalists: list[dict[str, Any]], kept: list[tuple[str, int]]
     ) -> ModelStep:
-        from dispatchtune.tuner.spec import applied_configs, config_applied
-        from dispatchtune.tuner.worker import BINDINGS_LOCK
+        from dispatchtune.ir.spec import applied_configs, config_applied
+        from dispatchtune.measure.worker import BINDINGS_LOCK
 
         ids = [f["candidate_id"] for f in finalists]
         base = [list(k) for k in kept]
@@ -880,9 +880,9 @@ def tune_model(
     options: ModelTuneOptions | None = None,
 ) -> ModelTuneResult:
     """Tune a whole model; write `output_dir/tuning_spec.mlir` and `summary.md` (resumable)."""
-    from dispatchtune.tuner.frontend import load_problems
-    from dispatchtune.tuner.spec import tuning_spec, write_spec
-    from dispatchtune.tuner.worker import BINDINGS_LOCK
+    from dispatchtune.ir.frontend import load_problems
+    from dispatchtune.ir.spec import tuning_spec, write_spec
+    from dispatchtune.measure.worker import BINDINGS_LOCK
 
     options = options or ModelTuneOptions()
     options.validate()

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from dispatchtune.candidate import Candidate
 from dispatchtune.problem import Problem
 from dispatchtune.search.online import OnlineSearch
 from dispatchtune.search.optuna_search import OnlineStudy, default_storage
 from dispatchtune.targets import Target
-from dispatchtune.tuner.worker import Candidate
 
 if TYPE_CHECKING:
     from dispatchtune.tuner.loop import TuneOptions

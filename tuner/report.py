@@ -438,9 +438,9 @@ def write_outputs(
     options: TuneOptions,
 ) -> TuneResult:
     """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries."""
+    from dispatchtune.ir.spec import tuning_spec, write_spec
+    from dispatchtune.measure.worker import BINDINGS_LOCK
     from dispatchtune.tuner.loop import TuneResult
-    from dispatchtune.tuner.spec import tuning_spec, write_spec
-    from dispatchtune.tuner.worker import BINDINGS_LOCK
 
     summaries = [
         summarize(records, p, target, options.min_speedup, options.estimator) for p in problems

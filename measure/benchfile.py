@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.measure.process import run_process
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import mlir_error_line, tool_path
-from dispatchtune.tuner.process import run_process
 
 BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
 

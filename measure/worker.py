@@ -17,17 +17,17 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from dispatchtune.candidate import Candidate
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import tool_path
-from dispatchtune.tuner.process import ProcessResult, run_process
 
 # IREE's Python bindings are used in-process for spec building and reading applied configs; one
 # context at a time keeps them away from any thread-safety question.
@@ -65,18 +65,6 @@ class CpuSlots:
             with self._cond:
                 self._free += count
                 self._cond.notify_all()
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration to try: its row in the enumeration table and its `compilation_info`."""
-
-    candidate_id: int
-    compilation_info: str
-    pipeline: str = ""
-    knobs: dict[str, Any] = field(default_factory=dict)
-    rank: int = -1
-    score: float | None = None
 
 
 @dataclass
@@ -131,7 +119,7 @@ class CompileContext:
 
 def build_spec(problem: Problem, compilation_info: str) -> str:
     """Spec text that gives `problem` one candidate configuration."""
-    from dispatchtune.tuner.spec import tuning_spec
+    from dispatchtune.ir.spec import tuning_spec
 
     with BINDINGS_LOCK:
         return tuning_spec([(problem, compilation_info)])
@@ -193,7 +181,7 @@ def _compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutc
         return CompileOutcome(candidate, result.status, result.error, result.elapsed_s)
     outcome = CompileOutcome(candidate, "ok", compile_time_s=result.elapsed_s, vmfb=vmfb)
     if ctx.check_applied:
-        from dispatchtune.tuner.spec import applied_configs, config_applied
+        from dispatchtune.ir.spec import applied_configs, config_applied
 
         try:
             with BINDINGS_LOCK, ctx.slots.hold(1):

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.problem import Problem
 from dispatchtune.toolchain import tool_path
-from dispatchtune.tuner.process import ProcessResult, run_process
 
 
 def numpy_dtype(element_type: str) -> np.dtype | None:

@@ -1,0 +1,1 @@
+"""Replaying orders over fully measured spaces (`dispatchtune evaluate`)."""

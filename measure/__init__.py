@@ -1,0 +1,1 @@
+"""Measuring candidates: building binaries, running and benchmarking them, checking their outputs."""
