@@ -2,8 +2,9 @@
 
 Inputs are measured spaces: dispatchtune `results.jsonl` logs (a file, a tune output directory, or
 a directory of such directories, e.g. the output of `datasets/collect_cpu.py`) and Kernel Tuner
-cache files (`.json` / `.json.gz`; GEMM spaces). Each (problem, target) of a log and each cache is
-one *problem*; labels are normalised per problem (`costmodel.learned`).
+cache files (`.json` / `.json.gz`; GEMM spaces), loaded by `datasets.spaces.load_spaces`: each
+measured space (a (problem, target, CPU) of a log, a cache) is one *problem*; labels are
+normalised per problem (`costmodel.learned`).
 
 Cross-validation holds whole problems out (leave-one-problem-out, or `--folds K` groups of
 problems): the model is trained on the other problems and judged on the held-out ones by the
