@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from dispatchtune.costmodel.heuristic import HeuristicModel
 from dispatchtune.costmodel.metrics import (
@@ -64,55 +63,27 @@ class Row:
         return self.random / self.heuristic_ties
 
 
-def kerneltuner_spaces(paths: Sequence[str]) -> list[Space]:
-    from dispatchtune.datasets.kerneltuner import load_kerneltuner
-
-    spaces = []
-    for path in tqdm(paths, desc="kernel tuner caches", disable=not sys.stderr.isatty()):
-        space = load_kerneltuner(path)
-        if not space.is_gemm:
-            print(f"skipped {path}: kernel {space.kernel_name!r} is not a GEMM space",
-                  file=sys.stderr)
-            continue
-        valid = space.valid.reset_index(drop=True)
-        problem = space.problem_scalars()
-        label = f"{space.device_name} GEMM {problem.m}x{problem.n}x{problem.k}"
-        spaces.append(Space("Kernel Tuner", label, space.features(valid),
-                            valid["time_ms"].to_numpy(dtype=np.float64)))
-    return spaces
-
-
-def results_spaces(paths: Sequence[str]) -> list[Space]:
-    from dispatchtune.datasets.records import load_results
-    from dispatchtune.features.extract import extract_features
+def load(paths: Sequence[str]) -> list[Space]:
+    """The measured spaces of Kernel Tuner caches and results logs (`datasets.spaces`), with a
+    candidate's time the median of its repetitions; caches without a feature mapping are skipped."""
+    from dispatchtune.datasets.spaces import KERNELTUNER, load_spaces
+    from dispatchtune.features.spaces import has_features, space_features
     from dispatchtune.problem import Problem
-    from dispatchtune.targets import record_target
 
-    frame = load_results(list(paths))
-    if frame.empty:
-        return []
-    ok = (frame["compile_status"] == "ok") & (frame.get("bench_status", "ok") == "ok")
-    if "verify_status" in frame:
-        ok &= frame["verify_status"] != "mismatch"
-    ok &= np.isfinite(frame["median_ms"].to_numpy(dtype=np.float64))
-    frame = frame[ok]
     spaces = []
-    groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
-    for (_key, target_name, cpu), group in tqdm(groups, desc="results problems",
-                                          disable=not sys.stderr.isatty()):
-        # A candidate measured in several sessions counts once, with its median over sessions.
-        group = group.groupby("candidate_id", sort=True).agg(
-            {**{c: "first" for c in group.columns if c not in ("candidate_id", "median_ms")},
-             "median_ms": "median"}
-        ).reset_index()
-        if len(group) < 2:
+    for space in load_spaces(paths, "median_ms", progress=sys.stderr.isatty()):
+        if not has_features(space):
+            print(f"skipped {space.source}: {space.label!r} is not a GEMM space", file=sys.stderr)
             continue
-        problem = Problem.from_dict(group["problem"].iloc[0])
-        target = record_target(str(target_name), str(cpu))
-        features = extract_features(problem, target, group)
+        if space.kind == KERNELTUNER:
+            spaces.append(Space("Kernel Tuner", space.label, space_features(space), space.times))
+            continue
+        problem = space.problem
+        assert isinstance(problem, Problem)
         loops = "x".join(str(size) for size in problem.loop_sizes)
-        label = f"{target.name} {problem.kind} {loops} {'x'.join(problem.input_types)}"
-        orders = set(group["order"].dropna().astype(str)) if "order" in group else set()
+        label = f"{space.device} {problem.kind} {loops} {'x'.join(problem.input_types)}"
+        table = space.table
+        orders = set(table["order"].dropna().astype(str)) if "order" in table else set()
         if "heuristic" in orders:
             # A budgeted run in heuristic order measured the heuristic's own favourites: unless
             # it covered the whole space, comparing on it flatters the heuristic.
@@ -120,8 +91,7 @@ def results_spaces(paths: Sequence[str]) -> list[Space]:
                   "if the whole space was measured (collect evidence with --order random)",
                   file=sys.stderr)
             label += " [heuristic-ordered log]"
-        spaces.append(Space("IREE results.jsonl", label, features,
-                            group["median_ms"].to_numpy(dtype=np.float64)))
+        spaces.append(Space("IREE results.jsonl", label, space_features(space), space.times))
     return spaces
 
 
@@ -227,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.kerneltuner and not args.results:
         parser.error("give --kerneltuner and/or --results paths")
     try:
-        spaces = kerneltuner_spaces(args.kerneltuner) + results_spaces(args.results)
+        spaces = load([*args.kerneltuner, *args.results])
         rows = [evaluate(space, args.threshold) for space in spaces]
     except DispatchTuneError as exc:
         print(f"heuristic_vs_random: error: {exc}", file=sys.stderr)

@@ -56,22 +56,6 @@ COLUMNS = (
 CURVE_LIMIT = 1000
 
 
-def space_name(space: Any) -> str:
-    """The problem label of a loaded cache, the evaluation harness's (so rows of both line up).
-
-    A GEMM cache is "<device> GEMM MxNxK" (`costmodel.train.kerneltuner_spaces`), any other
-    "<device> <kernel> <problem size>" (`harness._kerneltuner_without_features`); a loader that
-    gives the space a `name` wins.
-    """
-    name = getattr(space, "name", None)
-    if isinstance(name, str) and name:
-        return name
-    if space.is_gemm:
-        p = space.problem_scalars()
-        return f"{space.device_name} GEMM {p.m}x{p.n}x{p.k}"
-    return f"{space.device_name} {space.kernel_name} {'x'.join(map(str, space.problem_size))}"
-
-
 def _import_kernel_tuner() -> Any:
     try:
         import kernel_tuner
@@ -306,7 +290,7 @@ def kernel_tuner_rows(
     n_candidates = int(valid_times.size)
     n_good = int(near_optimal(valid_times, threshold).sum())
     base = {
-        "problem": space_name(space),
+        "problem": space.label(),  # the evaluation harness's label, so rows line up
         "device": space.device_name,
         "n_candidates": n_candidates,
         "n_good": n_good,

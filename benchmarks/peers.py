@@ -93,7 +93,7 @@ def kernel_tuner_part(
     A rerun with the same settings replays only the runs the checkpoint lacks (bayes_opt alone
     takes most of an hour on two shared cores); other settings start it afresh.
     """
-    from dispatchtune.benchmarks.kerneltuner_peers import COLUMNS, kernel_tuner_rows, space_name, typed_rows
+    from dispatchtune.benchmarks.kerneltuner_peers import COLUMNS, kernel_tuner_rows, typed_rows
     from dispatchtune.datasets.kerneltuner import load_kerneltuner
 
     stop = [] if full_bayes_opt else [s for s in strategies if s == "bayes_opt"]
@@ -114,7 +114,7 @@ def kernel_tuner_part(
     # Strategy by strategy across the spaces: the cheap ones are complete long before bayes_opt.
     for strategy in strategies:
         for space in spaces:
-            name = space_name(load_kerneltuner(space))
+            name = load_kerneltuner(space).label()
             todo = [s for s in seeds if (name, f"kt_{strategy}", s) not in have]
             if todo:
                 parts.append(kernel_tuner_rows(space, [strategy], todo, threshold=threshold,
@@ -147,7 +147,7 @@ def harness_part(
     else:
         meta.write_text(json.dumps(settings))
         done.to_csv(checkpoint, index=False)
-    loaded = harness.load_spaces(list(spaces))
+    loaded = harness.load_replay_spaces(list(spaces))
     parts = [done] if len(done) else []
     for order in orders:
         have = done[done["order"] == order]

@@ -2,8 +2,9 @@
 
 Inputs are measured spaces: dispatchtune `results.jsonl` logs (a file, a tune output directory, or
 a directory of such directories, e.g. the output of `datasets/collect_cpu.py`) and Kernel Tuner
-cache files (`.json` / `.json.gz`; GEMM spaces). Each (problem, target) of a log and each cache is
-one *problem*; labels are normalised per problem (`costmodel.learned`).
+cache files (`.json` / `.json.gz`; GEMM spaces), loaded by `datasets.spaces.load_spaces`: each
+measured space (a (problem, target, CPU) of a log, a cache) is one *problem*; labels are
+normalised per problem (`costmodel.learned`).
 
 Cross-validation holds whole problems out (leave-one-problem-out, or `--folds K` groups of
 problems): the model is trained on the other problems and judged on the held-out ones by the
@@ -38,9 +39,10 @@ from dispatchtune.costmodel.metrics import (
     near_optimal,
     random_expected_benchmarks,
 )
-from dispatchtune.datasets.shipped import resolve
+from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import FEATURE_NAMES
+from dispatchtune.features.spaces import has_features, space_features
 
 #: Most candidate pairs sampled per problem for the pairwise accuracy.
 PAIR_SAMPLE = 100_000
@@ -76,129 +78,34 @@ class TrainingData:
         }
 
 
-def _classify(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
-    """Split inputs into results.jsonl files and Kernel Tuner caches."""
-    logs: list[Path] = []
-    caches: list[Path] = []
-    for raw in paths:
-        path = resolve(raw)
-        if path.is_dir():
-            found = [path / "results.jsonl"] if (path / "results.jsonl").exists() else sorted(
-                path.glob("*/results.jsonl"))
-            if not found:
-                raise InputError(f"{path}: no results.jsonl in it or in its subdirectories")
-            logs.extend(found)
-        elif not path.exists():
-            raise InputError(f"no such file: {path}")
-        elif path.name.endswith((".jsonl", ".jsonl.gz")):
-            logs.append(path)
-        elif path.name.endswith((".json", ".json.gz")):
-            caches.append(path)
-        else:
-            raise InputError(f"{path}: expected a results.jsonl(.gz) log, a tune output directory, "
-                             "a Kernel Tuner cache (.json/.json.gz) or shipped:NAME")
-    return logs, caches
-
-
 def load_training_data(
     paths: Sequence[str | Path], time_column: str = "min_ms", progress: bool = False
 ) -> TrainingData:
     """Feature rows, times and problem labels of every measured space in `paths`.
 
-    Log rows count when they compiled, ran and did not fail verification; a candidate measured in
-    several sessions counts once (median over sessions of `time_column`: `min_ms` = the tuning
-    loop's default estimator, or `median_ms`). Problems with fewer than 2 valid rows are dropped.
+    The spaces are `datasets.spaces.load_spaces`'s (valid rows only, a candidate measured in
+    several sessions once, with its median over sessions of `time_column`: `min_ms` = the tuning
+    loop's default estimator, or `median_ms`; problems with fewer than 2 valid rows dropped).
+    Spaces the feature vocabulary does not cover (non-GEMM Kernel Tuner caches) are skipped with
+    a warning.
     """
-    if time_column not in ("min_ms", "median_ms"):
-        raise InputError(f"unknown time column {time_column!r}; use min_ms or median_ms")
-    logs, caches = _classify(paths)
-    parts: list[tuple[str, str, pd.DataFrame, np.ndarray]] = []
-    for path in tqdm(caches, desc="Kernel Tuner caches", disable=not progress):
-        parts.extend(part[:4] for part in kerneltuner_spaces(path))
-    if logs:
-        parts.extend(part[:4] for part in results_spaces(logs, time_column, progress))
-    parts = [p for p in parts if len(p[3]) >= 2]
-    if not parts:
-        raise InputError("no measured problem with at least 2 valid candidates in the inputs")
-    labels = [label for label, *_ in parts]
-    if len(set(labels)) != len(labels):
-        dupes = sorted({x for x in labels if labels.count(x) > 1})
-        raise InputError(f"problem {dupes[0]!r} is given twice; pass each space once")
+    spaces = []
+    for space in load_spaces(paths, time_column, progress):
+        if has_features(space):
+            spaces.append(space)
+        else:
+            warnings.warn(f"{space.source}: {space.label!r} is not a GEMM space; skipped",
+                          stacklevel=2)
+    if not spaces:
+        raise InputError("no measured problem with at least 2 valid candidates and a feature "
+                         "mapping in the inputs")
     return TrainingData(
-        features=pd.concat([p[2] for p in parts], ignore_index=True)[list(FEATURE_NAMES)],
-        times=np.concatenate([p[3] for p in parts]),
-        groups=np.concatenate([np.full(len(p[3]), p[0], dtype=object) for p in parts]),
-        sources={label: source for label, source, *_ in parts},
+        features=pd.concat([space_features(s) for s in spaces],
+                           ignore_index=True)[list(FEATURE_NAMES)],
+        times=np.concatenate([s.times for s in spaces]),
+        groups=np.concatenate([np.full(s.n, s.label, dtype=object) for s in spaces]),
+        sources={s.label: s.source for s in spaces},
     )
-
-
-def kerneltuner_spaces(path: Path) -> list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]]:
-    """(label, source, features, times, raw knobs) of a Kernel Tuner GEMM cache's valid rows."""
-    from dispatchtune.datasets.kerneltuner import load_kerneltuner
-
-    space = load_kerneltuner(path)
-    if not space.is_gemm:
-        warnings.warn(f"{path}: kernel {space.kernel_name!r} is not a GEMM space; skipped",
-                      stacklevel=2)
-        return []
-    valid = space.valid.reset_index(drop=True)
-    p = space.problem_scalars()
-    label = f"{space.device_name} GEMM {p.m}x{p.n}x{p.k}"
-    return [(label, f"Kernel Tuner {path.name}", space.features(valid),
-             valid["time_ms"].to_numpy(dtype=np.float64), valid[list(space.tune_params_keys)])]
-
-
-def results_spaces(
-    logs: Sequence[Path], time_column: str = "min_ms", progress: bool = False
-) -> list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]]:
-    """(label, source, features, times, raw knobs) of each (problem, target) in results logs."""
-    from dispatchtune.datasets.records import load_results
-    from dispatchtune.features.extract import extract_features
-    from dispatchtune.problem import Problem
-    from dispatchtune.targets import record_target
-
-    frame = load_results(list(logs))
-    if frame.empty:
-        return []
-    ok = frame["compile_status"] == "ok"
-    if "bench_status" in frame:
-        ok &= frame["bench_status"] == "ok"
-    if "verify_status" in frame:
-        ok &= frame["verify_status"] != "mismatch"
-    ok &= np.isfinite(frame[time_column].to_numpy(dtype=np.float64))
-    ok &= frame[time_column].to_numpy(dtype=np.float64) > 0
-    frame = frame[ok]
-    parts: list[tuple[str, str, pd.DataFrame, np.ndarray, pd.DataFrame]] = []
-    groups = frame.groupby(["problem_key", "target", "target_cpu"], sort=True)
-    for (key, target_name, cpu), group in tqdm(groups, desc="logged problems", disable=not progress):
-        # A candidate measured in several sessions counts once, with its median over sessions.
-        first = {c: "first" for c in group.columns if c not in ("candidate_id", time_column)}
-        group = group.groupby("candidate_id", sort=True).agg(
-            {**first, time_column: "median"}).reset_index()
-        problem = Problem.from_dict(group["problem"].iloc[0])
-        target = record_target(str(target_name), str(cpu))
-        features = extract_features(problem, target, group)
-        label = f"{target.name} {problem.describe()} [{key}]"
-        knobs = _logged_knobs(group)
-        parts.append((label, "results.jsonl", features,
-                      group[time_column].to_numpy(dtype=np.float64), knobs))
-    return parts
-
-
-def _logged_knobs(group: pd.DataFrame) -> pd.DataFrame:
-    """The knob columns of one problem's logged candidates (`records_frame` flattens each
-    record's knobs into columns); knobs that never vary within the problem are left out."""
-    from dispatchtune.datasets.records import DERIVED_COLUMNS, ResultRecord
-
-    fields = (set(ResultRecord.__dataclass_fields__) | set(DERIVED_COLUMNS)) - {"pipeline"}
-    names = [c for c in group.columns if c not in fields]
-    # The solver's own variables (`knob_*`) are the search dimensions; the table's other columns
-    # (tile_m, workgroups, ...) are derived from them.
-    raw = [c for c in names if c.startswith("knob_")]
-    names = raw or names
-    knobs = group[names].reset_index(drop=True)
-    varying = [c for c in names if knobs[c].astype(str).nunique() > 1]
-    return knobs[varying]
 
 
 # ---- metrics of one held-out problem ----------------------------------------------------------

@@ -1,7 +1,9 @@
 """dispatchtune.datasets: the benchmark-log record format, loaders and the shipped datasets.
 
 - `records`: the `results.jsonl` format the tuning loop writes (`ResultsLog`, `load_results`);
-- `kerneltuner`: Kernel Tuner cache files mapped onto the common feature vocabulary;
+- `kerneltuner`: Kernel Tuner cache files read as tables (their feature mapping is in
+  `features.kerneltuner`);
+- `spaces`: the one loader of measured spaces (`load_spaces`) for training and evaluation;
 - `shipped`: datasets installed with the package, addressed as `shipped:NAME`.
 """
 

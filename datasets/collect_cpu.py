@@ -180,10 +180,10 @@ def noise_table(log: Path) -> pd.DataFrame:
     configuration's time over the run (re-measured at intervals: drift and load), how many
     candidates are within 5% of the best, and the default's time over the best's. Times are the
     minimum over repetitions (`min_ms`), the estimator the labels use."""
-    from dispatchtune.costmodel.train import _classify
     from dispatchtune.datasets.records import load_results
+    from dispatchtune.datasets.spaces import classify_inputs
 
-    logs, _ = _classify([log])
+    logs, _ = classify_inputs([log])
     frame = load_results(logs, kinds=("candidate", "baseline")) if logs else pd.DataFrame()
     if frame.empty:
         raise InputError(f"{log}: no benchmarked candidates")

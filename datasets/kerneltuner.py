@@ -1,31 +1,17 @@
-"""Kernel Tuner cache files (fully measured GPU search spaces) as candidate tables.
+"""Kernel Tuner cache files (fully measured GPU search spaces) read as tables.
 
 A cache (`.json` or `.json.gz`) holds a header (`kernel_name`, `device_name`, `problem_size`,
 `tune_params_keys`, `tune_params`) and `cache`: one entry per configuration with its parameters and
 `time` (mean, ms) or, for an invalid configuration, a string such as "CompilationFailedConfig".
 
-`load_kerneltuner` returns one row per configuration: the raw parameters, `time_ms` (NaN when
-invalid), `valid`, `status`, `device`, and, for CLBlast-style GEMM kernels (MWG, NWG, KWG, ...), the
-mapping onto the common candidate vocabulary, so `dispatchtune.features` computes the same features
-for these spaces as for IREE candidates:
-
-| Kernel Tuner | candidate column | meaning |
-|---|---|---|
-| MWG, NWG, KWG | tile_m, tile_n, tile_k | workgroup tile, elements |
-| MDIMC * NDIMC | workgroup_threads | threads per workgroup (thread grid MDIMC x NDIMC) |
-| (32) | subgroup_size | NVIDIA warp |
-| MDIMC, NDIMC | subgroups_m, subgroups_n | warps along M / N (see below) |
-| MWG / subgroups_m, NWG / subgroups_n | vec_m, vec_n | per-subgroup (warp) tile, elements |
-| VWM, VWN | load_vec_m, load_vec_n | elements per vectorised load of A / B |
-| SA, SB | shared_lhs, shared_rhs | A / B staged in shared memory (0/1) |
-| PRECISION | element bytes | 32 -> 4 bytes (f32), 16 -> 2 bytes (f16), 64 -> 8 |
-| (none) | mma_m/n/k = 1 | scalar FMA, no matrix intrinsic |
-
-A warp spans min(MDIMC, 32) threads along M (the fastest thread index) and 32 / that along N,
-so subgroups_m = MDIMC / min(MDIMC, 32) and subgroups_n = NDIMC / (32 / min(MDIMC, 32)).
+`load_kerneltuner` returns one row per configuration: the raw parameters (the knobs, named by the
+header's `tune_params_keys`), `GFLOP/s`, `time_ms` (NaN when invalid), `valid`, `status` and
+`device`. The mapping of a CLBlast-style GEMM space (MWG, NWG, KWG, ...) onto the feature
+vocabulary lives above this layer, in `dispatchtune.features.kerneltuner`.
 
 The GEMM's M and N are the header's `problem_size`; K is not in the header, so it is recovered from
-the measured `GFLOP/s` and `time` (FLOPs = 2*M*N*K), falling back to K = M when those are missing.
+the measured `GFLOP/s` and `time` (FLOPs = 2*M*N*K), falling back to K = M when those are missing
+(`KernelTunerSpace.gemm`).
 """
 
 from __future__ import annotations
@@ -39,29 +25,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dispatchtune.errors import DispatchTuneError, InputError
-from dispatchtune.features.extract import ProblemScalars, TargetScalars, features_frame
+from dispatchtune.errors import InputError
 
-#: Hardware facts of the devices in the public Kernel Tuner caches (vendor specifications: SM
-#: count, 4 sub-partitions per SM, shared memory per SM, 64K 32-bit registers per SM = 512 per
-#: lane of each sub-partition). Matched by a case-insensitive substring of `device_name`.
-KT_DEVICES: dict[str, TargetScalars] = {
-    "2080 ti": TargetScalars(
-        is_gpu=True, compute_units=68, simds_per_cu=4, max_workgroup_memory_bytes=65536,
-        registers_per_simd=512, subgroup_size=32,
-    ),
-    "titan rtx": TargetScalars(
-        is_gpu=True, compute_units=72, simds_per_cu=4, max_workgroup_memory_bytes=65536,
-        registers_per_simd=512, subgroup_size=32,
-    ),
-    "a4000": TargetScalars(
-        is_gpu=True, compute_units=48, simds_per_cu=4, max_workgroup_memory_bytes=102400,
-        registers_per_simd=512, subgroup_size=32,
-    ),
-}
+#: The parameters that make a cache a CLBlast-style GEMM space.
+GEMM_KEYS = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC")
 
-_GEMM_KEYS = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC")
-_WARP = 32
+
+@dataclass(frozen=True)
+class KernelTunerGemm:
+    """The GEMM a Kernel Tuner GEMM space solves (one element type for A, B and C)."""
+
+    m: int
+    n: int
+    k: int
+    element_bits: int
+
+    @property
+    def element_bytes(self) -> float:
+        return self.element_bits / 8
 
 
 @dataclass(frozen=True)
@@ -77,48 +58,31 @@ class KernelTunerSpace:
 
     @property
     def is_gemm(self) -> bool:
-        return all(key in self.tune_params_keys for key in _GEMM_KEYS)
+        return all(key in self.tune_params_keys for key in GEMM_KEYS)
 
     @property
     def valid(self) -> pd.DataFrame:
         """The rows that ran (a numeric `time`)."""
         return self.table[self.table["valid"]]
 
-    def problem_scalars(self) -> ProblemScalars:
+    def gemm(self) -> KernelTunerGemm:
         """The GEMM this space solves (M, N from the header; K recovered, see the module doc)."""
         if not self.is_gemm:
             raise InputError(f"{self.path}: kernel {self.kernel_name!r} is not a GEMM space")
         m = int(self.problem_size[0])
         n = int(self.problem_size[1]) if len(self.problem_size) > 1 else m
-        k = _recover_k(self.table, m, n)
         precisions = set(self.table["PRECISION"]) if "PRECISION" in self.table else {32}
         if len(precisions) != 1:
             # One problem has one element type: the rows of each precision are separate spaces.
             raise InputError(f"{self.path}: configurations of several precisions {precisions}")
-        bits = int(precisions.pop())
-        elem = bits / 8
-        return ProblemScalars(
-            kind="contraction", b=1, m=m, n=n, k=k, lhs_bytes=elem, rhs_bytes=elem,
-            out_bytes=elem, flops=2.0 * m * n * k,
-        )
+        return KernelTunerGemm(m, n, _recover_k(self.table, m, n), int(precisions.pop()))
 
-    def target_scalars(self) -> TargetScalars:
-        return device_facts(self.device_name)
-
-    def features(self, rows: pd.DataFrame | None = None) -> pd.DataFrame:
-        """The common feature table of this space's rows (all rows by default)."""
-        table = self.table if rows is None else rows
-        return features_frame(table, self.problem_scalars(), self.target_scalars())
-
-
-def device_facts(device_name: str) -> TargetScalars:
-    """Hardware scalars of a Kernel Tuner device; unknown devices raise a one-line error."""
-    wanted = device_name.lower()
-    for key, facts in KT_DEVICES.items():
-        if key in wanted:
-            return facts
-    known = ", ".join(KT_DEVICES)
-    raise InputError(f"no hardware facts for device {device_name!r}; known: {known}")
+    def label(self) -> str:
+        """The space's name in reports: "<device> GEMM MxNxK", else "<device> <kernel> <size>"."""
+        if self.is_gemm:
+            g = self.gemm()
+            return f"{self.device_name} GEMM {g.m}x{g.n}x{g.k}"
+        return f"{self.device_name} {self.kernel_name} {'x'.join(map(str, self.problem_size))}"
 
 
 def _recover_k(table: pd.DataFrame, m: int, n: int) -> int:
@@ -179,45 +143,5 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
     table["device"] = device
     table = table.drop(columns=["time"])
     table.insert(0, "candidate_id", np.arange(len(table)))
-    space = KernelTunerSpace(str(path), kernel, device, size, keys, table)
-    if space.is_gemm:
-        _map_gemm(table)
-    return space
+    return KernelTunerSpace(str(path), kernel, device, size, keys, table)
 
-
-def _map_gemm(table: pd.DataFrame) -> None:
-    """Add the common candidate columns for a CLBlast-style GEMM space (see the module doc)."""
-
-    def col(name: str, default: float) -> np.ndarray:
-        if name in table:
-            return table[name].to_numpy(dtype=np.float64)
-        return np.full(len(table), default)
-
-    mwg, nwg, kwg = col("MWG", 1), col("NWG", 1), col("KWG", 1)
-    mdimc, ndimc = col("MDIMC", 1), col("NDIMC", 1)
-    if (mdimc <= 0).any() or (ndimc <= 0).any():
-        raise DispatchTuneError("Kernel Tuner GEMM space has a non-positive MDIMC/NDIMC")
-    threads = mdimc * ndimc
-    warp_m = np.minimum(mdimc, _WARP)  # threads of one warp along M (M is the fastest index)
-    warp_n = np.maximum(_WARP / warp_m, 1.0)
-    sg_m = np.maximum(mdimc / warp_m, 1.0)
-    sg_n = np.maximum(ndimc / warp_n, 1.0)
-    table["pipeline"] = "KernelTuner"
-    table["tile_b"] = 1
-    table["tile_m"] = mwg
-    table["tile_n"] = nwg
-    table["tile_k"] = kwg
-    table["vec_m"] = mwg / sg_m
-    table["vec_n"] = nwg / sg_n
-    table["mma_m"] = 1
-    table["mma_n"] = 1
-    table["mma_k"] = 1
-    table["subgroups_m"] = sg_m
-    table["subgroups_n"] = sg_n
-    table["subgroup_size"] = _WARP
-    table["workgroup_threads"] = threads
-    table["prefetch_stages"] = 0
-    table["load_vec_m"] = col("VWM", 1)
-    table["load_vec_n"] = col("VWN", 1)
-    table["shared_lhs"] = col("SA", 1)
-    table["shared_rhs"] = col("SB", 1)

@@ -1,9 +1,9 @@
 """Datasets that ship with the package (`datasets/data/`), addressable as `shipped:NAME`.
 
 Every command that reads measured data (`train-costmodel`, `dispatchtune evaluate`, the benchmark
-scripts) accepts `shipped:NAME` wherever it accepts a path. Each dataset has a card
-(`data/NAME.md`): how it was collected, the command that regenerates or extends it, the machine
-and the measured noise.
+scripts) accepts `shipped:NAME` wherever it accepts a path (`datasets.spaces.classify_inputs`).
+Each dataset has a card (`data/NAME.md`): how it was collected, the command that regenerates or
+extends it, the machine and the measured noise.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ Orders:
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,9 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
+from dispatchtune.features.spaces import has_features, space_features
 
 ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
 LEARNED = ("rf", "gbm", "lambdarank")
@@ -68,46 +69,14 @@ class ReplaySpace:
 
 
 # ---- loading ---------------------------------------------------------------------------------
-def load_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
-    """Every measured space in `paths` (Kernel Tuner caches, results.jsonl files or directories)."""
-    from dispatchtune.costmodel.train import _classify, kerneltuner_spaces, results_spaces
-
-    logs, caches = _classify(paths)
-    spaces: list[ReplaySpace] = []
-    for cache in caches:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a non-GEMM cache is loaded below, without features
-            parts = kerneltuner_spaces(cache)
-        if parts:
-            label, source, features, times, knobs = parts[0]
-            device = label.split(" GEMM ")[0]
-            spaces.append(ReplaySpace(label, device, source, times, knobs.reset_index(drop=True),
-                                      features.reset_index(drop=True)))
-        else:
-            spaces.append(_kerneltuner_without_features(cache))
-    if logs:
-        for label, source, features, times, knobs in results_spaces(logs):
-            spaces.append(ReplaySpace(label, label.split(" ")[0], source, times,
-                                      knobs.reset_index(drop=True), features.reset_index(drop=True)))
-    spaces = [s for s in spaces if s.n >= 2]
-    if not spaces:
-        raise InputError("no measured space with at least 2 valid candidates in the datasets")
-    names = [s.problem for s in spaces]
-    if len(set(names)) != len(names):
-        raise InputError("a space is given twice; pass each dataset once")
-    return spaces
-
-
-def _kerneltuner_without_features(path: Path) -> ReplaySpace:
-    """A Kernel Tuner space the feature vocabulary does not cover (e.g. the 2-D convolution)."""
-    from dispatchtune.datasets.kerneltuner import load_kerneltuner
-
-    space = load_kerneltuner(path)
-    valid = space.valid.reset_index(drop=True)
-    label = f"{space.device_name} {space.kernel_name} {'x'.join(map(str, space.problem_size))}"
-    return ReplaySpace(label, space.device_name, f"Kernel Tuner {path.name}",
-                       valid["time_ms"].to_numpy(dtype=np.float64),
-                       valid[list(space.tune_params_keys)], None)
+def load_replay_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
+    """Every measured space in `paths` (`datasets.spaces.load_spaces`), with its features where
+    the feature vocabulary covers it."""
+    return [
+        ReplaySpace(s.label, s.device, s.source, s.times, s.knobs,
+                    space_features(s) if has_features(s) else None)
+        for s in load_spaces(paths)
+    ]
 
 
 # ---- orders ----------------------------------------------------------------------------------
@@ -279,7 +248,7 @@ def replay_rows(
     progress: bool = True,
 ) -> pd.DataFrame:
     """`replay_spaces` over every space of `datasets` (paths)."""
-    return replay_spaces(load_spaces(datasets), orders, seeds, threshold, max_benchmarks, split,
+    return replay_spaces(load_replay_spaces(datasets), orders, seeds, threshold, max_benchmarks, split,
                          progress)
 
 

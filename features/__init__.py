@@ -1,4 +1,9 @@
-"""dispatchtune.features: candidate tables -> documented, columnar feature tables."""
+"""dispatchtune.features: candidate tables -> documented, columnar feature tables.
+
+- `extract`: the feature definitions and the columnar extractor;
+- `kerneltuner`: Kernel Tuner GEMM spaces mapped onto the candidate vocabulary;
+- `spaces`: the feature table of a measured space (`space_features`).
+"""
 
 from dispatchtune.features.extract import (
     FEATURE_NAMES,
@@ -15,6 +20,7 @@ from dispatchtune.features.extract import (
     feature_table_markdown,
     features_frame,
 )
+from dispatchtune.features.spaces import has_features, space_features
 
 __all__ = [
     "FEATURES",
@@ -30,4 +36,6 @@ __all__ = [
     "extract_features",
     "feature_table_markdown",
     "features_frame",
+    "has_features",
+    "space_features",
 ]

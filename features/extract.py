@@ -2,7 +2,7 @@
 
 The core, `compute_features`, is a function over numpy columns plus two small records of scalars
 (`ProblemScalars`, `TargetScalars`), so any source of candidates can feed it: IREE candidate tables
-(`extract_features`) and Kernel Tuner caches (`dispatchtune.datasets.kerneltuner`) go through the
+(`extract_features`) and Kernel Tuner caches (`dispatchtune.features.kerneltuner`) go through the
 same code. There is no per-candidate Python loop; every feature is a vectorised numpy expression.
 
 Every feature is in a stable unit (elements, bytes, counts, fractions): a tile K is in elements on

@@ -12,7 +12,7 @@ import pytest
 from dispatchtune.cli import main as cli_main
 from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
 from dispatchtune.errors import InputError
-from dispatchtune.evaluation.harness import COLUMNS, load_spaces, replay_spaces, write_report
+from dispatchtune.evaluation.harness import COLUMNS, load_replay_spaces, replay_spaces, write_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DATASETS = [
@@ -24,13 +24,13 @@ DATASETS = [
 
 @pytest.fixture(scope="module")
 def rows() -> pd.DataFrame:
-    spaces = load_spaces(DATASETS)
+    spaces = load_replay_spaces(DATASETS)
     return replay_spaces(spaces, ["random", "heuristic", "gbm", "online", "tpe"], range(3),
                          max_benchmarks=200, progress=False)
 
 
 def test_rows_are_consistent_with_the_measured_spaces(rows: pd.DataFrame) -> None:
-    spaces = {s.problem: s for s in load_spaces(DATASETS)}
+    spaces = {s.problem: s for s in load_replay_spaces(DATASETS)}
     assert list(rows.columns) == list(COLUMNS)
     assert set(rows["order"]) == {"random", "heuristic", "gbm", "online", "tpe"}
     assert len(spaces) == 3 and set(rows["problem"]) == set(spaces)
@@ -79,13 +79,13 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown order" in err[0]
     with pytest.raises(InputError):
-        load_spaces([tmp_path / "missing.jsonl"])
+        load_replay_spaces([tmp_path / "missing.jsonl"])
 
 
 def test_a_space_without_features_is_ordered_by_the_knob_heuristic() -> None:
     # The convolution has no feature mapping: the heuristic (and the online prior) fall back to
     # the raw knobs, power-of-two sizes first, instead of skipping the space.
-    (space,) = load_spaces([FIXTURES / "kt_conv_a4000_slice.json.gz"])
+    (space,) = load_replay_spaces([FIXTURES / "kt_conv_a4000_slice.json.gz"])
     assert space.features is None
     rows = replay_spaces([space], ["heuristic", "online"], range(2), max_benchmarks=space.n,
                          progress=False)

@@ -21,6 +21,7 @@ from dispatchtune.costmodel.metrics import (
 from dispatchtune.datasets.kerneltuner import load_kerneltuner
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import extract_features
+from dispatchtune.features.kerneltuner import kerneltuner_features
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
 
@@ -77,7 +78,7 @@ def cpu_features() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def kt_features() -> pd.DataFrame:
-    return load_kerneltuner(KT_FIXTURE).features()
+    return kerneltuner_features(load_kerneltuner(KT_FIXTURE))
 
 
 def _order(model: HeuristicModel, features: pd.DataFrame) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Kernel Tuner cache loader: mapping onto the common vocabulary, validity, corrupt files."""
+"""Kernel Tuner caches: the loader (validity, corrupt files) and the mapping onto the common
+vocabulary (`features.kerneltuner`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dispatchtune.datasets.kerneltuner import device_facts, load_kerneltuner
+from dispatchtune.datasets.kerneltuner import load_kerneltuner
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import FEATURE_NAMES
+from dispatchtune.features.kerneltuner import (
+    device_facts,
+    gemm_candidate_columns,
+    kerneltuner_features,
+    problem_scalars,
+    target_scalars,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GEMM = FIXTURES / "kt_gemm_2080ti_slice.json.gz"
@@ -20,7 +28,7 @@ CONV = FIXTURES / "kt_conv_a4000_slice.json.gz"
 
 def test_gemm_cache_maps_onto_candidate_columns() -> None:
     space = load_kerneltuner(GEMM)
-    table = space.table
+    table = gemm_candidate_columns(space.table)
     assert space.is_gemm and len(table) == 200 and table["valid"].all()
     assert space.device_name == "NVIDIA GeForce RTX 2080 Ti"
     assert table["candidate_id"].tolist() == list(range(200))
@@ -40,12 +48,12 @@ def test_gemm_cache_maps_onto_candidate_columns() -> None:
 
 def test_gemm_problem_and_device_facts() -> None:
     space = load_kerneltuner(GEMM)
-    problem = space.problem_scalars()
+    problem = problem_scalars(space)
     assert (problem.m, problem.n, problem.k) == (4096, 4096, 4096)  # K recovered from GFLOP/s
     assert problem.lhs_bytes == 4
-    facts = space.target_scalars()
+    facts = target_scalars(space)
     assert facts.is_gpu and facts.compute_units == 68 and facts.subgroup_size == 32
-    features = space.features()
+    features = kerneltuner_features(space)
     assert list(features.columns) == list(FEATURE_NAMES) and len(features) == 200
     expected_smem = 32 * 4 * (space.table["SA"] * space.table["MWG"]
                               + space.table["SB"] * space.table["NWG"])
@@ -66,7 +74,7 @@ def test_invalid_configurations_and_non_gemm_kernels() -> None:
     assert (table.loc[table["valid"], "status"] == "ok").all()
     assert len(space.valid) == 16
     with pytest.raises(DispatchTuneError, match="not a GEMM"):
-        space.problem_scalars()
+        problem_scalars(space)
 
 
 def test_unknown_device_is_a_one_line_error() -> None:
@@ -108,4 +116,4 @@ def test_mixed_precision_caches_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "mixed.json"
     path.write_text(json.dumps(data))
     with pytest.raises(DispatchTuneError, match="several precisions"):
-        load_kerneltuner(path).problem_scalars()
+        problem_scalars(load_kerneltuner(path))

@@ -66,11 +66,13 @@ def test_rank_uses_the_installed_model_by_default() -> None:
 
 
 def test_logged_spaces_carry_their_solver_knobs() -> None:
-    from dispatchtune.costmodel.train import results_spaces
+    from dispatchtune.datasets.spaces import load_spaces
+    from dispatchtune.features.spaces import space_features
 
-    parts = results_spaces([shipped_path("cpu_host")])
-    assert len(parts) >= 24
-    for label, _, features, times, knobs in parts:
+    spaces = load_spaces([shipped_path("cpu_host")])
+    assert len(spaces) >= 24
+    for space in spaces:
+        label, features, times, knobs = space.label, space_features(space), space.times, space.knobs
         assert len(knobs) == len(features) == len(times), label
         # The solver variables that vary within the problem, not the derived table columns.
         assert len(knobs.columns) >= 3 and all(c.startswith("knob_") for c in knobs.columns), label

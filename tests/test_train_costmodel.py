@@ -118,7 +118,8 @@ def test_metrics_helpers() -> None:
 
 
 def test_a_log_is_featurised_for_the_cpu_it_was_measured_on(tmp_path: Path) -> None:
-    from dispatchtune.costmodel.train import results_spaces
+    from dispatchtune.datasets.spaces import load_spaces
+    from dispatchtune.features.spaces import space_features
     from dispatchtune.targets import get_target, record_target
 
     assert record_target("host", "") is get_target("host")
@@ -131,7 +132,8 @@ def test_a_log_is_featurised_for_the_cpu_it_was_measured_on(tmp_path: Path) -> N
         log = tmp_path / f"{cpu}.jsonl"
         log.write_text("".join(json.dumps({**json.loads(line), "target_cpu": cpu}) + "\n"
                                for line in lines))
-        ((label, _, features, times, _),) = results_spaces([log])
+        (space,) = load_spaces([log])
+        label, features, times = space.label, space_features(space), space.times
         assert label.startswith(f"llvm-cpu:{cpu} ") or get_target("host").cpu_facts().cpu == cpu
         assert len(features) == len(times) > 10
         fraction[cpu] = features["cpu_register_tile_fraction"].to_numpy()
