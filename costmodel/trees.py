@@ -58,7 +58,7 @@ class TreeArrays:
     value: np.ndarray  # float64 (n_nodes,)
     default_left: np.ndarray  # uint8 (n_nodes,)
     missing_type: np.ndarray  # uint8 (n_nodes,)
-    depth: int  # longest root-to-leaf path (computed by `checked`, never read from a file)
+    tree_depths: np.ndarray  # int64 (n_trees,): longest root-to-leaf path of each tree
     average: bool
     float32_features: bool
 
@@ -110,8 +110,11 @@ class TreeArrays:
         return cls(
             roots=roots.astype(np.int32), right=right.astype(np.int32),
             feature=feature.astype(np.int32), threshold=a["threshold"].astype(np.float64),
-            value=a["value"].astype(np.float64), default_left=a["default_left"].astype(np.uint8),
-            missing_type=a["missing_type"].astype(np.uint8), depth=_depth(roots, right, internal),
+            value=a["value"].astype(np.float64),
+            # A leaf has no split: its split fields are cleared, so a walk can never leave it.
+            default_left=np.where(leaf, 0, a["default_left"]).astype(np.uint8),
+            missing_type=np.where(leaf, MISSING_NONE, a["missing_type"]).astype(np.uint8),
+            tree_depths=_depths(roots, right, internal),
             average=average, float32_features=float32_features,
         )
 
@@ -191,12 +194,18 @@ class TreeArrays:
         x = np.asarray(x, dtype=np.float64)
         if self.float32_features:
             x = x.astype(np.float32).astype(np.float64)
-        ids = np.arange(len(self.right), dtype=np.intp)
+        trees = len(self.roots)
+        # Deepest trees first: step s only walks the trees deeper than s, a prefix of the nodes.
+        order = np.argsort(-self.tree_depths, kind="stable")
+        walking = trees - np.searchsorted(self.tree_depths[order][::-1], np.arange(self.depth),
+                                          side="right")
+        roots = self.roots[order].astype(np.intp)
         right = self.right.astype(np.intp)
-        left = np.where(right == ids, ids, ids + 1)
+        # A leaf's threshold is NaN in the walk: `x <= NaN` is false, so a row at a leaf always
+        # takes `right[leaf] == leaf` and stays, and an internal node's left child is node + 1.
+        threshold = np.where(right == np.arange(len(right)), np.nan, self.threshold)
         feature = self.feature.astype(np.intp)
         special = bool(self.missing_type.any()) or bool(np.isnan(x).any())
-        trees = len(self.roots)
         # Chunks keep the (trees x rows) working set in cache and bounded for any tree count.
         chunk_rows = max(1, min(chunk_rows, _STEP_ELEMENTS // trees))
         out = np.empty(len(x))
@@ -206,46 +215,59 @@ class TreeArrays:
             flat = block.T.ravel()  # feature-major: x[r, f] = flat[f * rows + r]
             offset = feature * rows
             row_ids = np.tile(np.arange(rows, dtype=np.intp), trees)
-            node = np.repeat(self.roots.astype(np.intp), rows)
-            for _ in range(self.depth):
-                values = flat[offset[node] + row_ids]
+            node = np.repeat(roots, rows)
+            for active in walking:
+                n = active * rows
+                at = node[:n]
+                values = flat[offset[at] + row_ids[:n]]
                 if special:
-                    go_left = self._missing_aware_left(values, node)
+                    go_left = self._missing_aware_left(values, at, threshold)
                 else:
-                    go_left = values <= self.threshold[node]
-                node = np.where(go_left, left[node], right[node])
-            leaves = self.value[node].reshape(trees, rows)
-            # Summed tree by tree in order, as LightGBM and scikit-learn accumulate.
+                    go_left = values <= threshold[at]
+                node[:n] = np.where(go_left, at + 1, right[at])
+            leaves = np.empty((trees, rows))
+            leaves[order] = self.value[node].reshape(trees, rows)
+            # Summed tree by tree in the model's order, as LightGBM and scikit-learn accumulate.
             total = leaves.sum(axis=0)
             out[start : start + rows] = total / trees if self.average else total
         return out
 
-    def _missing_aware_left(self, values: np.ndarray, node: np.ndarray) -> np.ndarray:
+    def _missing_aware_left(self, values: np.ndarray, node: np.ndarray,
+                            threshold: np.ndarray) -> np.ndarray:
         """Which rows go left at `node`, with LightGBM's missing-value rules (see the class)."""
         kind = self.missing_type[node]
         nan = np.isnan(values)
         values = np.where(nan & (kind != MISSING_NAN), 0.0, values)
         missing = ((kind == MISSING_ZERO) & (np.abs(values) <= ZERO_THRESHOLD)) | (
             (kind == MISSING_NAN) & nan)
-        return np.where(missing, self.default_left[node] == 1, values <= self.threshold[node])
+        # A leaf (NaN threshold, missing type none) never goes left.
+        return np.where(missing, self.default_left[node] == 1, values <= threshold[node])
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
     def n_trees(self) -> int:
         return len(self.roots)
 
+    @property
+    def depth(self) -> int:
+        """The longest root-to-leaf path of all trees (the predictor's number of steps)."""
+        return int(self.tree_depths.max())
 
-def _depth(roots: np.ndarray, right: np.ndarray, internal: np.ndarray) -> int:
-    """Longest root-to-leaf path, level by level (each node is visited once: it has one parent)."""
-    level, depth = roots, 0
-    while True:
-        inner = level[internal[level]]
-        if inner.size == 0:
-            return depth
-        depth += 1
+
+def _depths(roots: np.ndarray, right: np.ndarray, internal: np.ndarray) -> np.ndarray:
+    """Each tree's longest root-to-leaf path, level by level (a node is visited once: one parent)."""
+    depths = np.zeros(len(roots), dtype=np.int64)
+    level, tree = roots, np.arange(len(roots))
+    for depth in range(1, MAX_TREE_DEPTH + 2):
+        inner = internal[level]
+        level, tree = level[inner], tree[inner]
+        if level.size == 0:
+            return depths
         if depth > MAX_TREE_DEPTH:
             raise InputError(f"trees are deeper than {MAX_TREE_DEPTH} levels")
-        level = np.concatenate([inner + 1, right[inner]])
+        depths[tree] = depth
+        level, tree = np.concatenate([level + 1, right[level]]), np.concatenate([tree, tree])
+    raise AssertionError("unreachable")
 
 
 def _preorder(left: np.ndarray, right: np.ndarray) -> np.ndarray:

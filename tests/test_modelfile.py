@@ -320,3 +320,32 @@ def test_cli_reports_a_corrupt_model_file_in_one_line(tmp_path: Path,
         capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr
+
+
+def _chain(depth: int) -> dict[str, np.ndarray]:
+    """One tree: a chain of `depth` splits, each with a leaf on the right (preorder layout)."""
+    n = 2 * depth + 1
+    # Internal nodes 0..depth-1 chain through their left child i + 1; node depth is the deepest
+    # (left) leaf, and internal node i's right child is the leaf depth + 1 + i.
+    right = np.concatenate([np.arange(depth) + depth + 1, np.arange(depth, n)])
+    zeros = np.zeros(n, dtype=np.uint8)
+    return {"roots": np.array([0]), "right": right, "feature": np.zeros(n, dtype=np.int64),
+            "threshold": np.zeros(n), "value": np.arange(n, dtype=np.float64),
+            "default_left": zeros, "missing_type": zeros}
+
+
+def test_tree_arrays_bound_depth_memory_and_leaf_fields() -> None:
+    trees = TreeArrays.checked(_chain(50), 1, average=False, float32_features=False)
+    assert trees.depth == 50
+    # x <= 0 goes left down the chain to the deepest leaf; x > 0 leaves at the first right.
+    np.testing.assert_array_equal(trees.predict(np.array([[-1.0], [1.0]])), [50.0, 51.0])
+    with pytest.raises(InputError, match="deeper than 4096"):
+        TreeArrays.checked(_chain(5000), 1, average=False, float32_features=False)
+    # A crafted leaf claiming a NaN-missing split with default left must not step off the leaf.
+    many = 300_000  # one-leaf trees: prediction works through rows in small chunks
+    leaf = {"roots": np.arange(many), "right": np.arange(many), "feature": np.zeros(many),
+            "threshold": np.zeros(many), "value": np.ones(many),
+            "default_left": np.ones(many, dtype=np.uint8),
+            "missing_type": np.full(many, 2, dtype=np.uint8)}
+    forest = TreeArrays.checked(leaf, 1, average=True, float32_features=False)
+    np.testing.assert_array_equal(forest.predict(np.array([[np.nan]] * 40)), np.ones(40))
