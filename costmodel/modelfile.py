@@ -255,9 +255,10 @@ class _Fields:
         return _Fields(self.get(name, dict, "an object"), self.where, f"{self.prefix}{name}.")
 
 
-def _short(value: Any) -> str:
+def _short(value: Any, limit: int = 60) -> str:
+    """`repr` (one line, whatever the value holds), cut to `limit` characters."""
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def model_from_document(document: Any, where: str = "model") -> LearnedModel:
@@ -305,7 +306,7 @@ def _check_format(fmt: Any, document: dict[str, Any], where: str) -> None:
     if int(version) < FORMAT_VERSION:
         metadata = document.get("metadata")
         command = metadata.get("command") if isinstance(metadata, dict) else None
-        made = f" (it was made by: {_short(command)})" if isinstance(command, str) else ""
+        made = f" (it was made by: {_short(command, 300)})" if isinstance(command, str) else ""
         raise InputError(
             f"{where}: model file format {int(version)} is no longer read (this dispatchtune reads "
             f"format {FORMAT_VERSION}, trees as plain arrays); retrain with train-costmodel{made}")

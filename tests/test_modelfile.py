@@ -343,9 +343,10 @@ def test_tree_arrays_bound_depth_memory_and_leaf_fields() -> None:
         TreeArrays.checked(_chain(5000), 1, average=False, float32_features=False)
     # A crafted leaf claiming a NaN-missing split with default left must not step off the leaf.
     many = 300_000  # one-leaf trees: prediction works through rows in small chunks
-    leaf = {"roots": np.arange(many), "right": np.arange(many), "feature": np.zeros(many),
-            "threshold": np.zeros(many), "value": np.ones(many),
-            "default_left": np.ones(many, dtype=np.uint8),
-            "missing_type": np.full(many, 2, dtype=np.uint8)}
+    leaf: dict[str, np.ndarray] = {
+        "roots": np.arange(many), "right": np.arange(many), "feature": np.zeros(many),
+        "threshold": np.zeros(many), "value": np.ones(many),
+        "default_left": np.ones(many, dtype=np.uint8),
+        "missing_type": np.full(many, 2, dtype=np.uint8)}
     forest = TreeArrays.checked(leaf, 1, average=True, float32_features=False)
     np.testing.assert_array_equal(forest.predict(np.array([[np.nan]] * 40)), np.ones(40))
