@@ -7,12 +7,15 @@ a default model is ranked by the handwritten heuristic.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.costmodel.heuristic import HeuristicModel
 
 MODELS_DIR = Path(__file__).resolve().parent / "models"
+
+logger = logging.getLogger(__name__)
 
 
 def default_model_path(target_name: str) -> Path | None:
@@ -32,13 +35,33 @@ def model_for_target(target_name: str, model_path: str | Path | None = None) -> 
     """The model to rank with and a short description of where it came from.
 
     `model_path` (a user's file) wins; otherwise the target's installed default; otherwise the
-    heuristic. A bad or mismatched model file is a one-line error (`load_model`).
+    heuristic. A bad or mismatched model file is a one-line error (`load_model`); a model trained
+    only on the other kind of target (GPU logs for a CPU target, or the reverse) is used with a
+    warning.
     """
     from dispatchtune.costmodel.modelfile import load_model
 
     if model_path is not None:
-        return load_model(model_path), f"model file {model_path}"
-    default = default_model_path(target_name)
-    if default is not None:
-        return load_model(default), f"installed default model {default.name}"
-    return HeuristicModel(), "heuristic (no model for this target)"
+        model, where = load_model(model_path), f"model file {model_path}"
+    else:
+        default = default_model_path(target_name)
+        if default is None:
+            return HeuristicModel(), "heuristic (no model for this target)"
+        model, where = load_model(default), f"installed default model {default.name}"
+    warn_if_trained_elsewhere(model.metadata.get("target_kinds"), target_name, where)
+    return model, where
+
+
+def warn_if_trained_elsewhere(trained_on: object, target_name: str, where: str) -> bool:
+    """Log a warning if a model's recorded target kinds ("cpu"/"gpu") exclude the target's kind."""
+    from dispatchtune.targets import get_target
+
+    if not isinstance(trained_on, list) or not trained_on:
+        return False  # not recorded: nothing to say
+    kind = "gpu" if get_target(target_name).is_gpu else "cpu"
+    if kind in trained_on:
+        return False
+    logger.warning("the %s was trained on %s targets only; its ranking of %s target %s is "
+                   "unvalidated", where, "/".join(map(str, trained_on)).upper(), kind.upper(),
+                   target_name)
+    return True

@@ -3,12 +3,14 @@
 All three learn from measured candidates of many problems at once and predict a score where higher
 means faster (`predict`), which `rank` turns into a benchmark order:
 
-- `RandomForestModel`: scikit-learn's random forest regressor; its trees are copied into plain
-  numpy arrays after fitting and predicted by a vectorised numpy walker (`ForestArrays`), so a
-  trained and a loaded forest run the same code and loading never unpickles.
+- `RandomForestModel`: scikit-learn's random forest regressor.
 - `GBMRegressorModel`: LightGBM gradient-boosted trees regressing the normalised label with the
   quantile loss (alpha 0.9: an optimistic estimate, see below).
 - `LambdaRankModel`: LightGBM's LambdaRank ranker on relevance grades (`relevance_grades`).
+
+Each library only trains: the fitted trees are copied into plain node arrays (`TreeArrays`) and
+every prediction runs the same vectorised numpy walker, so a trained and a loaded model predict
+alike and loading a model file never hands its content to a C parser or unpickles it.
 
 Labels. `fit(features, labels, groups)` takes any positive label where higher is faster (1/time,
 speedup, GFLOP/s) and the problem of each row, and normalises per problem:
@@ -30,13 +32,13 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
 from dispatchtune.costmodel.base import CostModel
+from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import FEATURE_NAMES
 
@@ -136,6 +138,8 @@ class LearnedModel(CostModel):
         self.params: dict[str, Any] = {**self.defaults, **params}
         self.training_rows = 0
         self.metadata: dict[str, Any] = {}
+        self.trees: TreeArrays | None = None
+        self.importances_: np.ndarray | None = None  # raw importance per feature
 
     # ---- public interface
     def fit(self, features: Any, labels: Any, groups: Any = None) -> LearnedModel:
@@ -147,7 +151,15 @@ class LearnedModel(CostModel):
         x, y, codes = merge_duplicates(x, y, codes)
         self._fit(x, y, codes)
         self.training_rows = len(y)
+        if "is_gpu" in self.feature_names:
+            # Recorded so that a model used for another kind of target can say so when loaded.
+            gpu = np.unique(x[:, self.feature_names.index("is_gpu")] > 0)
+            self.metadata["target_kinds"] = ["gpu" if g else "cpu" for g in gpu]
         return self
+
+    @property
+    def fitted(self) -> bool:
+        return self.trees is not None
 
     def predict(self, features: Any) -> np.ndarray:
         if not self.fitted:
@@ -155,11 +167,14 @@ class LearnedModel(CostModel):
         x = self.matrix(features)
         if len(x) == 0:
             return np.zeros(0)
-        return np.asarray(self._predict(x), dtype=np.float64)
+        assert self.trees is not None
+        return self.trees.predict(x)
 
     def feature_importances(self) -> pd.Series:
         """Each feature's share of the model's importance (sums to 1), largest first."""
-        raw = np.asarray(self._importances(), dtype=np.float64)
+        if self.importances_ is None:
+            raise InputError(f"{self.kind} model is not trained")
+        raw = np.asarray(self.importances_, dtype=np.float64)
         total = raw.sum()
         shares = raw / total if total > 0 else raw
         return pd.Series(shares, index=list(self.feature_names)).sort_values(ascending=False)
@@ -186,135 +201,12 @@ class LearnedModel(CostModel):
         return x
 
     # ---- per model
-    @property
     @abstractmethod
-    def fitted(self) -> bool: ...
-
-    @abstractmethod
-    def _fit(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray) -> None: ...
-
-    @abstractmethod
-    def _predict(self, x: np.ndarray) -> np.ndarray: ...
-
-    @abstractmethod
-    def _importances(self) -> np.ndarray: ...
+    def _fit(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray) -> None:
+        """Train on merged rows; sets `trees` and `importances_`."""
 
 
 # ---- random forest -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ForestArrays:
-    """A regression forest as flat node arrays (all trees concatenated), predicted with numpy.
-
-    Nodes are in preorder: an internal node i has its left child at i + 1 (`left[i] == i + 1`) and
-    its right child at `right[i] > i`; rows with ``x[feature[i]] <= threshold[i]`` go left. A leaf
-    points to itself (`left[i] == right[i] == i`) and holds `value[i]`. `roots[t]` is tree t's
-    root. The forest predicts the mean leaf value over its trees (scikit-learn's
-    `RandomForestRegressor.predict`).
-    """
-
-    roots: np.ndarray  # int32 (n_trees,)
-    left: np.ndarray  # int32 (n_nodes,)
-    right: np.ndarray  # int32 (n_nodes,)
-    feature: np.ndarray  # int32 (n_nodes,)
-    threshold: np.ndarray  # float64 (n_nodes,)
-    value: np.ndarray  # float64 (n_nodes,)
-    depth: int  # longest root-to-leaf path
-
-    @classmethod
-    def from_sklearn(cls, forest: Any) -> ForestArrays:
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("r", "f", "t", "v")}
-        roots, offset, depth = [], 0, 0
-        for estimator in forest.estimators_:
-            tree = estimator.tree_
-            n = tree.node_count
-            order = _preorder(tree.children_left, tree.children_right)
-            new_id = np.empty(n, dtype=np.int64)
-            new_id[order] = np.arange(n)
-            old_left, old_right = tree.children_left[order], tree.children_right[order]
-            leaf = old_left < 0
-            ids = np.arange(n)
-            parts["r"].append(np.where(leaf, ids, new_id[np.maximum(old_right, 0)]) + offset)
-            parts["f"].append(np.where(leaf, 0, tree.feature[order]))
-            parts["t"].append(np.where(leaf, np.inf, tree.threshold[order]))
-            parts["v"].append(tree.value.reshape(n, -1)[order, 0])
-            roots.append(offset)
-            offset += n
-            depth = max(depth, int(tree.max_depth))
-        right = np.concatenate(parts["r"]).astype(np.int32)
-        ids = np.arange(offset, dtype=np.int32)
-        return cls(
-            roots=np.asarray(roots, dtype=np.int32),
-            left=np.where(right == ids, ids, ids + 1).astype(np.int32),
-            right=right,
-            feature=np.concatenate(parts["f"]).astype(np.int32),
-            threshold=np.concatenate(parts["t"]).astype(np.float64),
-            value=np.concatenate(parts["v"]).astype(np.float64),
-            depth=depth,
-        )
-
-    def validate(self, n_features: int) -> None:
-        """Raise unless the arrays form valid trees over n_features features (untrusted input)."""
-        n = len(self.left)
-        arrays = (self.right, self.feature, self.threshold, self.value)
-        if n == 0 or len(self.roots) == 0 or any(len(a) != n for a in arrays):
-            raise InputError("forest arrays are empty or of different lengths")
-        ids = np.arange(n)
-        leaf = self.right == ids
-        # Children after their parent: every walk moves forward, so it ends within n steps.
-        bad = (
-            (self.right < 0) | (self.right >= n)
-            | (leaf & (self.left != ids))
-            | (~leaf & ((self.left != ids + 1) | (self.right <= ids + 1)))
-            | (self.feature < 0) | (self.feature >= n_features)
-        )
-        if bad.any() or (self.roots < 0).any() or (self.roots >= n).any():
-            raise InputError("forest arrays do not form valid trees")
-        if not np.isfinite(self.value).all() or np.isnan(self.threshold).any():
-            raise InputError("forest arrays hold NaN values")
-        if not 0 <= self.depth <= n:
-            raise InputError("forest depth out of range")
-
-    def predict(self, x: np.ndarray, chunk_rows: int = 2048) -> np.ndarray:
-        """Mean leaf value over the trees for each row of `x` (float64, rows x features)."""
-        # scikit-learn compares float32 features with float64 thresholds; do the same so a loaded
-        # forest reproduces the fitted one bit for bit.
-        x32 = np.asarray(x, dtype=np.float32).astype(np.float64)
-        ids = np.arange(len(self.right))
-        # A leaf's threshold of -inf sends every row "right", i.e. back to the leaf itself, so
-        # one step is the same gather-and-select for every node; the left child is node + 1.
-        threshold = np.where(self.right == ids, -np.inf, self.threshold)
-        right = self.right.astype(np.intp)
-        feature = self.feature.astype(np.intp)
-        trees = len(self.roots)
-        out = np.empty(len(x32))
-        # Chunks of a few thousand rows keep the (trees x rows) working set in cache.
-        for start in range(0, len(x32), chunk_rows):
-            block = x32[start : start + chunk_rows]
-            rows = len(block)
-            flat = block.T.ravel()  # feature-major: x[r, f] = flat[f * rows + r]
-            offset = feature * rows
-            row_ids = np.tile(np.arange(rows, dtype=np.intp), trees)
-            node = np.repeat(self.roots.astype(np.intp), rows)
-            for _ in range(self.depth):
-                go_left = flat[offset[node] + row_ids] <= threshold[node]
-                node = np.where(go_left, node + 1, right[node])
-            out[start : start + rows] = self.value[node].reshape(trees, rows).mean(axis=0)
-        return out
-
-
-def _preorder(left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    """Node ids of one tree in preorder (node, left subtree, right subtree); runs once per fit."""
-    order: list[int] = []
-    stack = [0]
-    while stack:
-        node = stack.pop()
-        order.append(node)
-        if left[node] >= 0:
-            stack.append(int(right[node]))
-            stack.append(int(left[node]))
-    return np.asarray(order, dtype=np.int64)
-
-
 class RandomForestModel(LearnedModel):
     """Random forest regressor of the normalised label (scikit-learn fit, numpy prediction).
 
@@ -332,46 +224,26 @@ class RandomForestModel(LearnedModel):
         "max_samples": 0.5,
     }
 
-    def __init__(self, feature_names: Sequence[str] = FEATURE_NAMES, seed: int = 0,
-                 n_jobs: int = 1, **params: Any) -> None:
-        super().__init__(feature_names, seed, n_jobs, **params)
-        self.forest: ForestArrays | None = None
-        self.importances_: np.ndarray | None = None
-
-    @property
-    def fitted(self) -> bool:
-        return self.forest is not None
-
     def _fit(self, x: np.ndarray, y: np.ndarray, codes: np.ndarray) -> None:
         from sklearn.ensemble import RandomForestRegressor
 
         forest = RandomForestRegressor(random_state=self.seed, n_jobs=self.n_jobs, **self.params)
         forest.fit(x, y)
-        self.forest = ForestArrays.from_sklearn(forest)
+        self.trees = TreeArrays.from_sklearn(forest, len(self.feature_names))
         self.importances_ = np.asarray(forest.feature_importances_, dtype=np.float64)
-
-    def _predict(self, x: np.ndarray) -> np.ndarray:
-        assert self.forest is not None
-        return self.forest.predict(x)
-
-    def _importances(self) -> np.ndarray:
-        if self.importances_ is None:
-            raise InputError("rf model is not trained")
-        return self.importances_
 
 
 # ---- LightGBM ----------------------------------------------------------------------------------
 class _LightGBMModel(LearnedModel):
-    """A LightGBM booster (kept as the booster; model files store its text format)."""
+    """LightGBM trains; its trees are converted to `TreeArrays` (from `Booster.dump_model()`).
+
+    `booster` is kept after training for inspection; a model loaded from a file has none.
+    """
 
     def __init__(self, feature_names: Sequence[str] = FEATURE_NAMES, seed: int = 0,
                  n_jobs: int = 1, **params: Any) -> None:
         super().__init__(feature_names, seed, n_jobs, **params)
         self.booster: Any = None
-
-    @property
-    def fitted(self) -> bool:
-        return self.booster is not None
 
     def _train_params(self) -> dict[str, Any]:
         params = {k: v for k, v in self.params.items() if k != "num_boost_round"}
@@ -384,14 +256,9 @@ class _LightGBMModel(LearnedModel):
         self.booster = lightgbm.train(
             self._train_params(), dataset, num_boost_round=int(self.params["num_boost_round"])
         )
-
-    def _predict(self, x: np.ndarray) -> np.ndarray:
-        return self.booster.predict(x, num_threads=self.n_jobs)
-
-    def _importances(self) -> np.ndarray:
-        if self.booster is None:
-            raise InputError(f"{self.kind} model is not trained")
-        return np.asarray(self.booster.feature_importance(importance_type="gain"), dtype=float)
+        self.trees = TreeArrays.from_lightgbm(self.booster.dump_model(), len(self.feature_names))
+        self.importances_ = np.asarray(
+            self.booster.feature_importance(importance_type="gain"), dtype=np.float64)
 
 
 class GBMRegressorModel(_LightGBMModel):

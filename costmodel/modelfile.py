@@ -1,102 +1,91 @@
 """Model files: one JSON document per learned model, safe to load from anyone.
 
-Loading never runs code from the file: there is no pickle anywhere. A LightGBM model is stored as
-LightGBM's own text format (`Booster.model_to_string()`, parsed by LightGBM's text parser); a
-random forest as its node arrays (`ForestArrays`: children, feature, threshold, value), each a
-little-endian binary array in base64 inside the JSON, checked to form valid trees before use.
+Loading never runs code from the file and never hands file content to a C parser: there is no
+pickle, and the trees of every model (random forest, LightGBM regressor, LambdaRank) are stored as
+plain node arrays (`TreeArrays`: roots, right child, feature, threshold, value, missing-value
+handling), each a little-endian binary array in base64 inside the JSON, predicted with numpy.
 
-Layout (`FORMAT` = "dispatchtune.costmodel/1")::
+Layout (`FORMAT` = "dispatchtune.costmodel/2")::
 
-    {"format": "dispatchtune.costmodel/1",
+    {"format": "dispatchtune.costmodel/2",
      "model_type": "gbm" | "lambdarank" | "rf",
      "feature_schema_version": 2, "feature_names": [...],   # checked on load
      "label": "...", "params": {...}, "seed": 0, "training_rows": N,
      "feature_importances": {name: share, ...},
-     "metadata": {...},             # training data summary, cross-validation metrics, versions
-     "model": {"lightgbm_text": "..."}  or  {"forest": {"roots": {...}, "left": {...}, ...}}}
+     "created": "...", "versions": {...},
+     "metadata": {"target_kinds": ["cpu"], ...},   # training data, cross-validation, command
+     "model": {"trees": {"aggregate": "sum" | "mean", "float32_features": false,
+                         "roots": {"dtype": "<i4", "length": n, "base64": "..."}, "right": ...,
+                         "feature": ..., "threshold": ..., "value": ...,
+                         "default_left": ..., "missing_type": ...}}}
 
-A file of another format, a newer format version, a pickle, a corrupt file or a model built for a
-different feature schema is refused with a one-line `DispatchTuneError`.
+Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
+from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
+containers and items, integers beyond 10^18, or NaN/Infinity. Every field is then type- and
+range-checked and the trees validated (`TreeArrays.checked`). Anything wrong -- another format,
+format 1 (LightGBM text, no longer read), a newer format, a pickle, a corrupt or crafted file, a
+model built for a different feature schema -- is one `InputError` line naming the file and the field.
 """
 
 from __future__ import annotations
 
 import base64
 import datetime as _dt
-import hashlib
 import json
+import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from dispatchtune.costmodel.learned import (
-    LABEL,
-    MODELS,
-    ForestArrays,
-    LearnedModel,
-    RandomForestModel,
-    _LightGBMModel,
-)
+from dispatchtune.costmodel.learned import LABEL, MODELS, LearnedModel
+from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
-from dispatchtune.features.extract import check_feature_schema
+from dispatchtune.features.extract import (
+    FEATURE_NAMES,
+    FEATURE_SCHEMA_VERSION,
+    check_feature_schema,
+)
 
 FORMAT_PREFIX = "dispatchtune.costmodel/"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT = f"{FORMAT_PREFIX}{FORMAT_VERSION}"
 
-_ARRAY_DTYPES = {"roots": "<i4", "left": "<i4", "right": "<i4", "feature": "<i4",
-                 "threshold": "<f8", "value": "<f8"}
+#: Largest model file read. Trained files are about 0.3-1 MB (100k training rows).
+MAX_MODEL_BYTES = 64 * 1024 * 1024
+#: Deepest JSON nesting accepted (model files nest 5 levels; metadata a few more).
+MAX_JSON_DEPTH = 32
+#: Most JSON containers and items (counted as '[', '{' and ',' bytes) accepted: bounds the memory
+#: a file of millions of tiny objects would take once parsed.
+MAX_JSON_ITEMS = 2_000_000
+#: Integers in a model file are counts, seeds and indices: at most 18 digits.
+MAX_INT_DIGITS = 18
+#: Every ensemble of the format: name -> little-endian dtype.
+_ARRAY_DTYPES = {"roots": "<i4", "right": "<i4", "feature": "<i4", "threshold": "<f8",
+                 "value": "<f8", "default_left": "|u1", "missing_type": "|u1"}
+_TARGET_KINDS = ("cpu", "gpu")
 
 
-def _encode(array: np.ndarray, dtype: str) -> dict[str, Any]:
-    data = np.ascontiguousarray(array, dtype=np.dtype(dtype))
-    return {"dtype": dtype, "length": int(data.size),
-            "base64": base64.b64encode(data.tobytes()).decode("ascii")}
-
-
-def _decode(entry: Any, dtype: str, name: str) -> np.ndarray:
-    if not isinstance(entry, dict) or entry.get("dtype") != dtype:
-        raise InputError(f"forest array {name!r} is missing or not {dtype}")
-    try:
-        raw = base64.b64decode(str(entry["base64"]), validate=True)
-        array = np.frombuffer(raw, dtype=np.dtype(dtype))
-    except (KeyError, ValueError) as exc:
-        raise InputError(f"forest array {name!r} is corrupt ({exc})") from exc
-    if array.size != entry.get("length"):
-        raise InputError(f"forest array {name!r} has {array.size} entries, header says "
-                         f"{entry.get('length')}")
-    return array.astype(np.dtype(dtype).newbyteorder("="))
-
-
+# ---- writing -----------------------------------------------------------------------------------
 def model_document(model: LearnedModel, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of a trained model (what `save_model` writes)."""
     from dispatchtune import __version__
-    from dispatchtune.features.extract import FEATURE_SCHEMA_VERSION
 
     if not model.fitted:
         raise InputError(f"cannot save an untrained {model.kind} model")
-    payload: dict[str, Any]
+    assert model.trees is not None
+    trees = model.trees
     versions: dict[str, str] = {"dispatchtune": __version__}
-    if isinstance(model, RandomForestModel):
+    if model.kind == "rf":
         import sklearn
 
-        assert model.forest is not None
-        forest = model.forest
-        payload = {"forest": {
-            **{name: _encode(getattr(forest, name), kind) for name, kind in _ARRAY_DTYPES.items()},
-            "depth": forest.depth,
-        }}
         versions["scikit-learn"] = sklearn.__version__
-    elif isinstance(model, _LightGBMModel):
+    else:
         import lightgbm
 
-        text = model.booster.model_to_string()
-        payload = {"lightgbm_text": text, "sha256": _sha256(text)}
         versions["lightgbm"] = lightgbm.__version__
-    else:
-        raise InputError(f"no file format for {type(model).__name__}")
     importances = model.feature_importances()
     return {
         "format": FORMAT,
@@ -107,11 +96,15 @@ def model_document(model: LearnedModel, metadata: dict[str, Any] | None = None) 
         "params": model.params,
         "seed": model.seed,
         "training_rows": model.training_rows,
-        "feature_importances": {k: round(float(v), 6) for k, v in importances.items()},
+        "feature_importances": {k: float(v) for k, v in importances.items()},
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": versions,
         "metadata": {**model.metadata, **(metadata or {})},
-        "model": payload,
+        "model": {"trees": {
+            "aggregate": "mean" if trees.average else "sum",
+            "float32_features": trees.float32_features,
+            **{name: _encode(getattr(trees, name), dtype) for name, dtype in _ARRAY_DTYPES.items()},
+        }},
     }
 
 
@@ -121,12 +114,18 @@ def save_model(
     """Write the model (and `metadata`, merged over `model.metadata`) as one JSON file."""
     path = Path(path)
     document = model_document(model, metadata)
-    text = json.dumps(document, sort_keys=False, default=_json_default)
+    text = json.dumps(document, sort_keys=False, default=_json_default, allow_nan=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)  # never leave a half-written model file behind
     return path
+
+
+def _encode(array: np.ndarray, dtype: str) -> dict[str, Any]:
+    data = np.ascontiguousarray(array, dtype=np.dtype(dtype))
+    return {"dtype": dtype, "length": int(data.size),
+            "base64": base64.b64encode(data.tobytes()).decode("ascii")}
 
 
 def _json_default(value: object) -> object:
@@ -137,185 +136,265 @@ def _json_default(value: object) -> object:
     raise TypeError(f"cannot store {type(value).__name__} in a model file")
 
 
+# ---- reading -----------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike[str]) -> LearnedModel:
     """Read a model file written by `save_model`; refuses anything else with a one-line error."""
+    return model_from_document(read_document(path), str(path))
+
+
+def read_document(path: str | os.PathLike[str]) -> Any:
+    """The parsed JSON of a model file, within the size, nesting and number limits (module doc)."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise InputError(f"model file {path} is not a regular file")
+        if info.st_size > MAX_MODEL_BYTES:
+            raise InputError(_too_big(path, info.st_size))
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_MODEL_BYTES + 1)  # the file may have grown since the stat
     except OSError as exc:
         raise InputError(f"cannot read model file {path}: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_MODEL_BYTES:
+        raise InputError(_too_big(path, len(raw)))
     if raw[:1] == b"\x80" or raw[:2] in (b"PK", b"\x1f\x8b"):
         raise InputError(
             f"{path} is a pickle/joblib/archive, not a dispatchtune model file; pickled models are "
             "refused because loading them runs code"
         )
+    counts = np.bincount(np.frombuffer(raw, dtype=np.uint8), minlength=256)
+    if int(counts[ord("[")] + counts[ord("{")] + counts[ord(",")]) > MAX_JSON_ITEMS:
+        raise InputError(f"{path} has more than {MAX_JSON_ITEMS:,} JSON items; not a model file")
     try:
-        document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        document = json.loads(raw.decode("utf-8"), parse_constant=_no_constant,
+                              parse_int=_bounded_int, parse_float=_finite_float)
+    except _Refused as exc:
+        raise InputError(f"{path} is not a dispatchtune model file ({exc})") from exc
+    except RecursionError as exc:
+        raise InputError(f"{path} is not a dispatchtune model file (JSON nested deeper than "
+                         f"{MAX_JSON_DEPTH} levels)") from exc
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise InputError(f"{path} is not a dispatchtune model file (not JSON: {exc})") from exc
-    return model_from_document(document, str(path))
+    if _nesting(document) > MAX_JSON_DEPTH:
+        raise InputError(f"{path} is not a dispatchtune model file (JSON nested deeper than "
+                         f"{MAX_JSON_DEPTH} levels)")
+    return document
+
+
+class _Refused(ValueError):
+    """A JSON value outside the model file limits (raised from the parser's hooks)."""
+
+
+def _too_big(path: Path, size: int) -> str:
+    return (f"model file {path} is {size / 2**20:.1f} MiB; model files are at most "
+            f"{MAX_MODEL_BYTES // 2**20} MiB (a trained model is about 1 MiB)")
+
+
+def _no_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not allowed in a model file")
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(f"integer of {len(text.lstrip('-'))} digits, at most {MAX_INT_DIGITS}")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"number {text[:20]} overflows")
+    return value
+
+
+def _nesting(document: Any) -> int:
+    """Deepest nesting of lists and dicts (iterative: a crafted file cannot exhaust the stack)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            items = value.values() if isinstance(value, dict) else value
+            stack.extend((item, depth + 1) for item in items if isinstance(item, dict | list))
+    return deepest
+
+
+# ---- validation --------------------------------------------------------------------------------
+class _Fields:
+    """Typed access to the fields of one JSON object; a wrong field is a one-line `InputError`."""
+
+    def __init__(self, document: dict[str, Any], where: str, prefix: str = "") -> None:
+        self.document, self.where, self.prefix = document, where, prefix
+
+    def error(self, name: str, problem: str) -> InputError:
+        return InputError(f"{self.where}: field {self.prefix + name!r} {problem}")
+
+    def get(self, name: str, kind: type | tuple[type, ...], what: str, default: Any = ...) -> Any:
+        if name not in self.document:
+            if default is not ...:
+                return default
+            raise self.error(name, "is missing")
+        value = self.document[name]
+        # bool is an int to Python, never to a model file.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise self.error(name, f"is {_short(value)}, expected {what}")
+        if not isinstance(value, kind):
+            raise self.error(name, f"is {_short(value)}, expected {what}")
+        return value
+
+    def integer(self, name: str, low: int, high: int, default: Any = ...) -> int:
+        value = self.get(name, int, f"an integer in {low}..{high}", default)
+        if not low <= value <= high:
+            raise self.error(name, f"is {value}, expected an integer in {low}..{high}")
+        return int(value)
+
+    def nested(self, name: str) -> _Fields:
+        return _Fields(self.get(name, dict, "an object"), self.where, f"{self.prefix}{name}.")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """`repr` (one line, whatever the value holds), cut to `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def model_from_document(document: Any, where: str = "model") -> LearnedModel:
     """Rebuild a model from its JSON document (see the module doc), validating every part."""
     if not isinstance(document, dict):
         raise InputError(f"{where} is not a dispatchtune model file (top level is not an object)")
-    fmt = document.get("format")
-    if not isinstance(fmt, str) or not fmt.startswith(FORMAT_PREFIX):
-        raise InputError(
-            f"{where} is not a dispatchtune model file (format {fmt!r}, expected {FORMAT!r})"
-        )
-    version = fmt[len(FORMAT_PREFIX):]
-    if not version.isdigit() or int(version) > FORMAT_VERSION:
-        raise InputError(f"{where} has model format {fmt!r}, newer than this dispatchtune reads "
-                         f"({FORMAT!r}); upgrade dispatchtune")
-    kind = document.get("model_type")
+    fields = _Fields(document, where)
+    _check_format(document.get("format"), document, where)
+    kind = fields.get("model_type", str, "a model type")
     if kind not in MODELS:
-        raise InputError(f"{where}: unknown model type {kind!r} (known: {', '.join(MODELS)})")
-    names = document.get("feature_names")
-    schema = document.get("feature_schema_version")
-    if not isinstance(names, list) or not isinstance(schema, int):
-        raise InputError(f"{where}: model file lacks its feature schema")
-    check_feature_schema(schema, names, where=where)
-    params = document.get("params")
-    payload = document.get("model")
-    if not isinstance(params, dict) or not isinstance(payload, dict):
-        raise InputError(f"{where}: model file lacks 'params' or 'model'")
+        raise fields.error("model_type", f"is {_short(kind)}, known: {', '.join(MODELS)}")
+    names = _feature_names(fields)
+    params = fields.get("params", dict, "an object")
+    unknown = sorted(set(params) - set(MODELS[kind].defaults))
+    if unknown:
+        raise fields.error("params", f"has {_short(unknown[0])}, not a {kind} parameter "
+                           f"(known: {', '.join(sorted(MODELS[kind].defaults))})")
+    for key, value in params.items():
+        if not isinstance(value, str | int | float | bool) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise fields.error(f"params.{key}", f"is {_short(value)}, expected a number or text")
+    seed = fields.integer("seed", -(2**63), 2**63 - 1, 0)
     try:
-        model = MODELS[kind](feature_names=names, seed=int(document.get("seed", 0)), **params)
-    except (TypeError, ValueError) as exc:
-        raise InputError(f"{where}: bad model parameters ({exc})") from exc
-    if isinstance(model, RandomForestModel):
-        model.forest = _load_forest(payload.get("forest"), len(names), where)
-        shares = document.get("feature_importances") or {}
-        model.importances_ = np.array([float(shares.get(n, 0.0)) for n in names])
-    else:
-        assert isinstance(model, _LightGBMModel)
-        model.booster = _load_booster(payload.get("lightgbm_text"), payload.get("sha256"),
-                                      len(names), where)
-    model.training_rows = int(document.get("training_rows", 0))
-    metadata = document.get("metadata")
-    model.metadata = dict(metadata) if isinstance(metadata, dict) else {}
+        model = MODELS[kind](feature_names=names, seed=seed, **params)
+    except (TypeError, InputError) as exc:
+        raise fields.error("params", f"is not valid for {kind} ({exc})") from exc
+    model.training_rows = fields.integer("training_rows", 0, 2**63 - 1, 0)
+    model.importances_ = _importances(fields, names)
+    model.metadata = _metadata(fields)
+    model.trees = _trees(fields.nested("model").nested("trees"), len(names))
     return model
 
 
-def _load_forest(entry: Any, n_features: int, where: str) -> ForestArrays:
-    if not isinstance(entry, dict):
-        raise InputError(f"{where}: random forest model without its 'forest' arrays")
+def _check_format(fmt: Any, document: dict[str, Any], where: str) -> None:
+    if not isinstance(fmt, str) or not fmt.startswith(FORMAT_PREFIX):
+        raise InputError(
+            f"{where} is not a dispatchtune model file (format {_short(fmt)}, expected {FORMAT!r})")
+    version = fmt[len(FORMAT_PREFIX):]
+    if not version.isdecimal() or len(version) > 6 or int(version) == 0:
+        raise InputError(f"{where}: unknown model file format {_short(fmt)} (this dispatchtune "
+                         f"reads format {FORMAT_VERSION})")
+    if int(version) > FORMAT_VERSION:
+        raise InputError(f"{where} has model file format {int(version)}, newer than this "
+                         f"dispatchtune reads (format {FORMAT_VERSION}); upgrade dispatchtune")
+    if int(version) < FORMAT_VERSION:
+        metadata = document.get("metadata")
+        command = metadata.get("command") if isinstance(metadata, dict) else None
+        made = f" (it was made by: {_short(command, 300)})" if isinstance(command, str) else ""
+        raise InputError(
+            f"{where}: model file format {int(version)} is no longer read (this dispatchtune reads "
+            f"format {FORMAT_VERSION}, trees as plain arrays); retrain with train-costmodel{made}")
+
+
+def _feature_names(fields: _Fields) -> list[str]:
+    schema = fields.integer("feature_schema_version", 0, 10**6)
+    names = fields.get("feature_names", list, "a list of feature names")
+    if not all(isinstance(name, str) for name in names):
+        raise fields.error("feature_names", "holds a value that is not text")
+    if schema == FEATURE_SCHEMA_VERSION and tuple(names) != FEATURE_NAMES:
+        # Same version, other list: say where they differ rather than "v2 ... v2".
+        first = next((i for i, (a, b) in enumerate(zip(names, FEATURE_NAMES, strict=False))
+                      if a != b), min(len(names), len(FEATURE_NAMES)))
+        found = _short(names[first]) if first < len(names) else "nothing"
+        wanted = _short(FEATURE_NAMES[first]) if first < len(FEATURE_NAMES) else "nothing"
+        raise fields.error("feature_names", (
+            f"has {len(names)} features, not the {len(FEATURE_NAMES)} of feature schema "
+            f"v{FEATURE_SCHEMA_VERSION} (feature {first} is {found}, expected {wanted}): "
+            "a modified file; retrain it"))
+    check_feature_schema(schema, names, where=fields.where)
+    return names
+
+
+def _importances(fields: _Fields, names: list[str]) -> np.ndarray:
+    shares = fields.get("feature_importances", dict, "an object of feature shares", {})
+    unknown = set(shares) - set(names)
+    if unknown:
+        raise fields.error("feature_importances", f"names an unknown feature "
+                           f"{_short(sorted(unknown)[0])}")
+    values = np.zeros(len(names))
+    for i, name in enumerate(names):
+        share = shares.get(name, 0.0)
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 <= share <= 1:
+            raise fields.error(f"feature_importances.{name}", f"is {_short(share)}, expected a "
+                               "share in 0..1")
+        values[i] = share
+    return values
+
+
+def _metadata(fields: _Fields) -> dict[str, Any]:
+    metadata = dict(fields.get("metadata", dict, "an object", {}))
+    kinds = metadata.get("target_kinds")
+    if kinds is not None and (not isinstance(kinds, list) or not kinds
+                              or not all(kind in _TARGET_KINDS for kind in kinds)):
+        raise fields.error("metadata.target_kinds", f"is {_short(kinds)}, expected a list of "
+                           f"{' / '.join(_TARGET_KINDS)}")
+    return metadata
+
+
+def _trees(fields: _Fields, n_features: int) -> TreeArrays:
+    aggregate = fields.get("aggregate", str, "'sum' or 'mean'")
+    if aggregate not in ("sum", "mean"):
+        raise fields.error("aggregate", f"is {_short(aggregate)}, expected 'sum' or 'mean'")
+    float32 = fields.get("float32_features", bool, "true or false")
+    arrays = {name: _decode(fields.nested(name), dtype) for name, dtype in _ARRAY_DTYPES.items()}
     try:
-        arrays = {name: _decode(entry.get(name), dtype, name) for name, dtype in
-                  _ARRAY_DTYPES.items()}
-        forest = ForestArrays(**arrays, depth=int(entry.get("depth", -1)))
-        forest.validate(n_features)
+        return TreeArrays.checked(arrays, n_features, average=aggregate == "mean",
+                                  float32_features=float32)
     except InputError as exc:
-        raise InputError(f"{where}: {exc}") from exc
-    return forest
+        raise InputError(f"{fields.where}: field {fields.prefix.rstrip('.')!r}: {exc}") from exc
 
 
-def _load_booster(text: Any, digest: Any, n_features: int, where: str) -> Any:
-    import lightgbm
-
-    if not isinstance(text, str) or not text.startswith("tree\n"):
-        raise InputError(f"{where}: LightGBM model text is missing or not LightGBM's text format")
-    if digest != _sha256(text):
-        raise InputError(f"{where}: LightGBM model text does not match its checksum (corrupt file)")
+def _decode(fields: _Fields, dtype: str) -> np.ndarray:
+    if fields.get("dtype", str, repr(dtype)) != dtype:
+        raise fields.error("dtype", f"is {_short(fields.document['dtype'])}, expected {dtype!r}")
+    item = np.dtype(dtype).itemsize
+    length = fields.integer("length", 0, MAX_MODEL_BYTES // item)
     try:
-        text = check_lightgbm_text(text, n_features)
-    except InputError as exc:
-        raise InputError(f"{where}: {exc}") from exc
-    try:
-        booster = lightgbm.Booster(model_str=text)
-    except lightgbm.basic.LightGBMError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else "parse error"
-        raise InputError(f"{where}: corrupt LightGBM model text ({first})") from exc
-    if booster.num_feature() != n_features:
-        raise InputError(f"{where}: LightGBM model has {booster.num_feature()} features, the file "
-                         f"declares {n_features}")
-    return booster
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-_TREE_INT = ("num_leaves", "num_cat", "is_linear")
-_TREE_ARRAYS = ("split_feature", "threshold", "decision_type", "left_child", "right_child",
-                "leaf_value")
-
-
-def check_lightgbm_text(text: str, n_features: int) -> str:
-    """Check LightGBM model text before LightGBM parses it; returns the text to parse.
-
-    LightGBM's parser aborts the whole process (not an exception) on some malformed input, and it
-    trusts the indices in the file. So every tree is checked here: array lengths match
-    `num_leaves`, split features are in range, children point inside the tree, no categorical or
-    linear trees (dispatchtune trains neither), finite values. The `tree_sizes` header line (byte
-    offsets LightGBM uses to parse trees in parallel) is dropped, so LightGBM parses sequentially
-    and a wrong offset cannot send it out of bounds.
-    """
-    head, sep, rest = text.partition("\n\nTree=")
-    if not sep or "\nend of trees" not in rest:
-        raise InputError("LightGBM model text has no trees or no 'end of trees' marker")
-    header = dict(line.split("=", 1) for line in head.splitlines()[1:] if "=" in line)
-    if header.get("max_feature_idx") != str(n_features - 1):
-        raise InputError(f"LightGBM model text has max_feature_idx {header.get('max_feature_idx')}"
-                         f", expected {n_features - 1}")
-    if header.get("num_class") != "1" or header.get("num_tree_per_iteration") != "1":
-        raise InputError("LightGBM model text is not a single-output model")
-    trees = ("Tree=" + rest.split("\nend of trees", 1)[0]).split("\n\n")
-    count = 0
-    for block in trees:
-        if not block.strip():
-            continue
-        fields = dict(line.split("=", 1) for line in block.strip().splitlines() if "=" in line)
-        try:
-            _check_tree(fields, n_features)
-        except (KeyError, ValueError) as exc:
-            tree = fields.get("Tree", "?")
-            raise InputError(f"LightGBM tree {tree} is malformed ({exc})") from exc
-        count += 1
-    if count == 0:
-        raise InputError("LightGBM model text has no trees")
-    lines = [line for line in head.splitlines() if not line.startswith("tree_sizes=")]
-    return "\n".join(lines) + sep + rest
-
-
-def _check_tree(fields: dict[str, str], n_features: int) -> None:
-    ints = {name: int(fields[name]) for name in _TREE_INT}
-    leaves = ints["num_leaves"]
-    if leaves < 1 or ints["num_cat"] != 0 or ints["is_linear"] != 0:
-        raise ValueError("num_leaves < 1, or categorical/linear tree")
-    if leaves == 1:
-        values = np.array(fields["leaf_value"].split(), dtype=np.float64)
-        if values.size != 1 or not np.isfinite(values).all():
-            raise ValueError("bad leaf_value")
-        return
-    arrays = {name: np.array(fields[name].split(), dtype=np.float64) for name in _TREE_ARRAYS}
-    for name, values in arrays.items():
-        want = leaves if name == "leaf_value" else leaves - 1
-        if values.size != want or not np.isfinite(values).all():
-            raise ValueError(f"{name} has {values.size} entries, expected {want}, or is not finite")
-    feature = arrays["split_feature"]
-    if ((feature < 0) | (feature >= n_features) | (feature != np.round(feature))).any():
-        raise ValueError("split_feature out of range")
-    if (arrays["decision_type"].astype(np.int64) & 1).any():
-        raise ValueError("categorical split")
-    for side in ("left_child", "right_child"):
-        child = arrays[side]
-        # Internal children are 0..leaves-2; leaves are stored as ~leaf = -1..-leaves.
-        if ((child >= leaves - 1) | (child < -leaves) | (child != np.round(child))).any():
-            raise ValueError(f"{side} out of range")
+        raw = base64.b64decode(fields.get("base64", str, "base64 text"), validate=True)
+    except ValueError as exc:  # binascii.Error
+        raise fields.error("base64", f"is not base64 ({exc})") from exc
+    if len(raw) != length * item:
+        raise fields.error("base64", f"holds {len(raw) / item:g} entries, 'length' says {length}")
+    return np.frombuffer(raw, dtype=np.dtype(dtype)).astype(np.dtype(dtype).newbyteorder("="))
 
 
 def describe_model(model: LearnedModel) -> str:
     """One line about a model: type, label, training data, held-out figure if recorded."""
     meta = model.metadata
-    data = meta.get("training_data", {})
-    cv = meta.get("cross_validation", {})
+    data = meta.get("training_data")
+    cv = meta.get("cross_validation")
     parts = [f"{model.kind} model", f"{model.training_rows} training rows"]
-    if data:
-        parts.append(f"{data.get('problems', '?')} problems")
-    if cv.get("model_median") is not None:
+    if isinstance(data, dict) and isinstance(data.get("problems"), int):
+        parts.append(f"{data['problems']} problems")
+    if isinstance(cv, dict) and isinstance(cv.get("model_median"), int | float):
+        random = cv.get("random_median")
+        random_text = f"{random:.1f}" if isinstance(random, int | float) else "?"
         parts.append(f"held-out median {cv['model_median']:.1f} benchmarks to 5% "
-                     f"(random {cv.get('random_median', float('nan')):.1f})")
+                     f"(random {random_text})")
     return ", ".join(parts)

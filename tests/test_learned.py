@@ -91,8 +91,8 @@ def test_numpy_forest_matches_scikit_learn(data: TrainingData) -> None:
     reference = RandomForestRegressor(random_state=3, n_jobs=1, **model.params).fit(mx, my)
     np.testing.assert_allclose(model.predict(x), reference.predict(x), rtol=0, atol=1e-12)
     # Chunked prediction gives the same scores as one block.
-    assert model.forest is not None
-    np.testing.assert_array_equal(model.forest.predict(x, chunk_rows=7), model.predict(x))
+    assert model.trees is not None
+    np.testing.assert_array_equal(model.trees.predict(x, chunk_rows=7), model.predict(x))
 
 
 def test_lambdarank_splits_large_problems_into_sub_queries(
