@@ -130,8 +130,8 @@ def test_readme_line_runs(index: int, session: ReadmeSession) -> None:
         if "--cost-model" in argv:
             assert "cost_model.json" in done.stderr and " candidates, model order" in out
     elif name in ("tune", "tune-model"):
-        written = session.workdir / outputs(argv).pop()
-        assert (written / "tuning_spec.mlir").is_file() and (written / "summary.md").is_file()
+        out_dir = session.workdir / outputs(argv).pop()
+        assert (out_dir / "tuning_spec.mlir").is_file() and (out_dir / "summary.md").is_file()
     elif name == "evaluate":
         assert (session.workdir / "eval" / "report.md").is_file() and "heuristic" in out
     elif name == "train-costmodel":
@@ -208,3 +208,17 @@ def test_tuning_defaults_come_from_the_options_dataclasses() -> None:
             args.model_rounds, args.final_rounds, args.min_model_speedup, args.timer) == (
         model.budget, model.coverage, model.max_dispatches, model.min_share, model.top,
         model.model_rounds, model.final_rounds, model.min_model_speedup, model.timer)
+
+
+def test_every_help_renders() -> None:
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    for name, parser in subparsers.choices.items():  # type: ignore[union-attr]
+        assert f"dispatchtune {name}" in parser.format_help()
+    assert "(default: leave one problem out)" in " ".join(train_parser().format_help().split())
+
+
+def test_the_command_line_never_imports_benchmarks() -> None:
+    probe = ("import sys; from dispatchtune.cli import build_parser, train_costmodel; build_parser(); "
+             "train_costmodel.build_parser(); print(sorted(m for m in sys.modules if 'benchmarks' in m))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
