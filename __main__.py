@@ -1,3 +1,5 @@
+"""`python -m dispatchtune`: the `dispatchtune` command line."""
+
 import sys
 
 from dispatchtune.cli import main

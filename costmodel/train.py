@@ -18,10 +18,6 @@ handwritten heuristic on the same rows. Then the model is trained on everything 
 
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,7 +29,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from dispatchtune.costmodel.heuristic import HeuristicModel
-from dispatchtune.costmodel.learned import MODELS, LearnedModel, labels_from_times, make_model
+from dispatchtune.costmodel.learned import labels_from_times, make_model
 from dispatchtune.costmodel.metrics import (
     expected_benchmarks_with_ties,
     near_optimal,
@@ -314,94 +310,3 @@ def report_plot(cv: pd.DataFrame, importances: pd.Series, kind: str, threshold: 
 def report_paths(output: Path) -> tuple[Path, Path]:
     stem = output.with_suffix("") if output.suffix == ".json" else output
     return Path(f"{stem}.report.md"), Path(f"{stem}.report.png")
-
-
-# ---- command line ------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="train-costmodel",
-        description="Train a learned cost model on measured spaces, cross-validate it with whole "
-        "problems held out, and save it (safe JSON model file) with a report.",
-    )
-    parser.add_argument("inputs", nargs="+", metavar="LOGS_OR_DATASETS",
-                        help="results.jsonl(.gz) files, tune output dirs (or dirs of them), "
-                        "Kernel Tuner caches (.json/.json.gz), shipped:cpu_host (the shipped CPU "
-                        "dataset)")
-    parser.add_argument("--model", choices=tuple(MODELS), default="gbm", help="default gbm")
-    parser.add_argument("--output", "-o", type=Path, required=True,
-                        help="model file to write (JSON); the report goes next to it")
-    parser.add_argument("--folds", type=int, default=0,
-                        help="held-out problem groups (default 0 = leave one problem out)")
-    parser.add_argument("--threshold", type=float, default=0.05,
-                        help="near-optimal threshold (0.05 = within 5%% of the best)")
-    parser.add_argument("--time", choices=("min", "median"), default="min",
-                        help="time of a logged candidate from its repetitions (default min, the "
-                        "tuning loop's estimator)")
-    parser.add_argument("--seed", type=int, default=0, help="model seed and tie-break seed")
-    parser.add_argument("--n-jobs", type=int, default=1,
-                        help="threads for training (default 1; at most 2 on a shared machine)")
-    parser.add_argument("--no-cv", action="store_true", help="train only, skip cross-validation")
-    parser.add_argument("--no-plot", action="store_true", help="do not write the PNG plot")
-    return parser
-
-
-def run(args: argparse.Namespace) -> int:
-    if not 0 < args.threshold < 1:
-        raise InputError("--threshold must be in (0, 1)")
-    if args.n_jobs < 1:
-        raise InputError("--n-jobs must be >= 1")
-    output: Path = args.output
-    if output.exists() and output.is_dir():
-        raise InputError(f"--output {output} is a directory; give a file path such as model.json")
-    progress = sys.stderr.isatty()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        data = load_training_data(args.inputs, f"{args.time}_ms", progress)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
-    print(f"training data: {len(data.times)} rows, {len(data.problems)} problems", file=sys.stderr)
-
-    scheme = ("leave one problem out" if args.folds <= 0 or args.folds >= len(data.problems)
-              else f"{args.folds} folds of whole problems")
-    cv = pd.DataFrame()
-    if not args.no_cv and len(data.problems) >= 2:
-        cv = cross_validate(data, args.model, args.folds, args.threshold, args.seed, args.n_jobs,
-                            progress)
-    elif not args.no_cv:
-        print("warning: one problem only: cross-validation needs at least 2; skipped",
-              file=sys.stderr)
-    summary = summarise(cv)
-
-    model: LearnedModel = make_model(args.model, seed=args.seed, n_jobs=args.n_jobs)
-    start = time.perf_counter()
-    model.fit(data.features, labels_from_times(data.times), data.groups)
-    train_seconds = time.perf_counter() - start
-
-    from dispatchtune.costmodel.modelfile import save_model
-
-    command = "train-costmodel " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    metadata = {
-        "training_data": data.summary(),
-        "cross_validation": {
-            "scheme": scheme if not cv.empty else "none",
-            "threshold": args.threshold,
-            **summary,
-            "per_problem": cv.to_dict(orient="records"),
-        },
-        "training_seconds": round(train_seconds, 3),
-        "time_estimator": args.time,
-        "command": command,
-    }
-    save_model(model, output, metadata)
-    size = output.stat().st_size
-    importances = model.feature_importances()
-    text = report_markdown(args.model, data, cv, summary, importances, train_seconds, size,
-                           args.threshold, command, scheme)
-    report, plot = report_paths(output)
-    report.write_text(text, encoding="utf-8")
-    print(text)
-    print(f"model written to {output} ({size / 1e6:.2f} MB); report {report}", file=sys.stderr)
-    if not args.no_plot:
-        report_plot(cv, importances, args.model, args.threshold, plot)
-        print(f"plot written to {plot}", file=sys.stderr)
-    return 0

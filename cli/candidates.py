@@ -1,4 +1,4 @@
-"""`dispatchtune candidates`: print every enumerated configuration of a dispatch."""
+"""`dispatchtune candidates FILE --target T`: every enumerated configuration of a dispatch."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from dispatchtune.cli.options import AT_LEAST_0, add_number, add_target
 from dispatchtune.errors import DispatchTuneError, InputError
 
 _SUMMARY = ("pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups")
@@ -23,24 +24,22 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("file", help="MLIR input (model, function or dumped dispatch benchmark)")
-    parser.add_argument("--target", required=True, help="host, gfx942, mi300x, gfx1100, sm_80")
+    add_target(parser, required=True)
     parser.add_argument("--pipeline", default=None, help="restrict to one pipeline")
-    parser.add_argument("--limit", type=int, default=None, help="print only the first N")
+    add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=None,
+               help="print only the first N")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of a table")
-    parser.add_argument(
-        "--op-index", type=int, default=None, help="which root op when FILE has several"
-    )
+    add_number(parser, "--op-index", kind=int, valid=AT_LEAST_0, default=None,
+               help="which root op when FILE has several")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dispatchtune import load_problems
+    from dispatchtune.ir.frontend import load_problems
     from dispatchtune.search import enumerate_candidates
     from dispatchtune.targets import get_target
 
     target = get_target(args.target)
-    if args.limit is not None and args.limit < 0:
-        raise InputError(f"--limit must be >= 0, got {args.limit}")
     problems = load_problems(args.file, target)
     if not problems:
         raise InputError(f"{args.file}: no tunable root op found")
@@ -51,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                 f"0..{len(problems) - 1}"
             )
         problem = problems[0]
-    elif not 0 <= args.op_index < len(problems):
+    elif args.op_index >= len(problems):
         raise InputError(f"--op-index {args.op_index} out of range 0..{len(problems) - 1}")
     else:
         problem = problems[args.op_index]

@@ -1,4 +1,4 @@
-"""`dispatchtune rank FILE --target T`: print each root op's candidates in benchmark order."""
+"""`dispatchtune rank FILE --target T`: each root op's candidates in benchmark order."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
+from dispatchtune.cli.options import AT_LEAST_0, add_cost_model, add_number, add_seed, add_target, order_of
 from dispatchtune.costmodel.rank import ORDERS
-from dispatchtune.errors import InputError
 
 # Columns worth showing in the terminal; the CSV keeps every column.
 _SHOWN = (
@@ -24,42 +22,40 @@ def register(subparsers: Any) -> None:
         "rank",
         help="enumerate and rank the candidates of every root op in an MLIR file",
         description="Enumerate each tunable root op's candidates (Z3) and print them in benchmark "
-        "order: the handwritten heuristic (docs/heuristic.md), a learned model (the target's installed "
-        "default or --model FILE) or the seeded random baseline.",
+        "order: the handwritten heuristic (docs/heuristic.md), a learned cost model (the target's "
+        "installed default or --cost-model FILE) or the seeded random baseline.",
     )
     parser.add_argument("file", help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
-    parser.add_argument("--target", default="host", help="target name (default host)")
-    parser.add_argument("--order", choices=ORDERS, default="heuristic",
-                        help="heuristic (default), model (learned) or random")
-    parser.add_argument("--model", type=Path, metavar="FILE",
-                        help="learned model file from train-costmodel (implies --order model)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random order / tie-break")
-    parser.add_argument("--limit", type=int, default=10, help="rows shown per op (default 10)")
+    add_target(parser)
+    add_cost_model(parser, ORDERS, "heuristic (default), model (learned) or random")
+    add_seed(parser, 0, "seed of the random order and of tie-breaks (default %(default)s)")
+    add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=10,
+               help="rows shown per op (default %(default)s)")
     parser.add_argument("--csv", type=Path, help="write the full ranked tables here (all ops)")
-    parser.set_defaults(handler=run_rank)
+    parser.set_defaults(handler=run)
 
 
-def run_rank(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from dispatchtune.costmodel.rank import rank
     from dispatchtune.ir.frontend import load_problems
     from dispatchtune.search import enumerate_candidates
     from dispatchtune.targets import get_target
 
-    if args.limit < 0:
-        raise InputError("--limit must be >= 0")
     target = get_target(args.target)
+    order = order_of(args)
     model = None
-    if args.model is not None or args.order == "model":
+    if order == "model":
         from dispatchtune.costmodel.defaults import model_for_target
 
-        model, where = model_for_target(target.name, args.model)
-        args.order = "model"
+        model, where = model_for_target(target.name, args.cost_model)
         print(f"ranking with the {where}", file=sys.stderr)
     tables = []
     for problem in load_problems(args.file, target):
         cset = enumerate_candidates(problem, target)
-        ranked = rank(cset, order=args.order, seed=args.seed, model=model)
-        print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {args.order} order")
+        ranked = rank(cset, order=order, seed=args.seed, model=model)
+        print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order")
         shown = [c for c in _SHOWN if c in ranked.columns]
         if len(ranked) and args.limit:
             print(ranked[shown].head(args.limit).to_string(index=False))

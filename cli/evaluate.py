@@ -1,4 +1,4 @@
-"""`dispatchtune evaluate`: replay measured datasets and compare candidate orderings."""
+"""`dispatchtune evaluate --dataset ... -o DIR`: replay measured spaces and compare orderings."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dispatchtune.cli.options import AT_LEAST_1, FRACTION, add_number
 from dispatchtune.errors import InputError
 
 
@@ -25,28 +26,27 @@ def register(subparsers: Any) -> None:
                              "shipped:cpu_host (the shipped CPU dataset)")
     parser.add_argument("--orders", default="random,heuristic,gbm,online",
                         help="comma-separated: random,heuristic,rf,gbm,lambdarank,online,tpe "
-                        "(default random,heuristic,gbm,online)")
+                        "(default %(default)s)")
     parser.add_argument("--output-dir", "-o", type=Path, required=True)
-    parser.add_argument("--threshold", type=float, default=0.05, help="default 0.05 (5%%)")
-    parser.add_argument("--seeds", type=int, default=20,
-                        help="seeds per ordering (tie-breaks, random, online, tpe; default 20)")
-    parser.add_argument("--max-benchmarks", type=int, default=1000,
-                        help="replay at most this many benchmarks per run (default 1000)")
+    add_number(parser, "--threshold", kind=float, valid=FRACTION, default=0.05,
+               help="near-optimal: within this fraction of the best (default %(default)s)")
+    add_number(parser, "--seeds", kind=int, valid=AT_LEAST_1, default=20,
+               help="seeds per ordering (tie-breaks, random, online, tpe; default %(default)s)")
+    add_number(parser, "--max-benchmarks", kind=int, valid=AT_LEAST_1, default=1000,
+               help="replay at most this many benchmarks per run (default %(default)s)")
     parser.add_argument("--split", choices=("problem", "device"), default="problem",
                         help="what learned models leave out: the scored problem (default) or "
                         "its whole device")
     parser.add_argument("--no-progress", action="store_true")
-    parser.set_defaults(handler=run_evaluate)
+    parser.set_defaults(handler=run)
 
 
-def run_evaluate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from dispatchtune.evaluation.harness import replay_rows, summarize, write_report
 
     orders = [o.strip() for o in str(args.orders).split(",") if o.strip()]
     if not orders:
         raise InputError("--orders is empty")
-    if args.seeds < 1 or args.max_benchmarks < 1:
-        raise InputError("--seeds and --max-benchmarks must be >= 1")
     rows = replay_rows(args.dataset, orders, range(args.seeds), args.threshold,
                        args.max_benchmarks, args.split, progress=not args.no_progress)
     command = "dispatchtune " + " ".join(shlex.quote(a) for a in sys.argv[1:])

@@ -1,0 +1,115 @@
+"""`dispatchtune tune FILE -o DIR`: order, compile, benchmark and verify one file's dispatches."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dispatchtune.cli.options import (
+    AT_LEAST_0,
+    AT_LEAST_1,
+    POSITIVE,
+    TUNE_DEFAULTS,
+    add_number,
+    add_target,
+    add_tuning_common,
+    order_of,
+    progress_of,
+)
+from dispatchtune.cli.stderr import one_line_warnings
+from dispatchtune.errors import InputError
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "tune",
+        help="compile and benchmark candidates of every dispatch; write the best tuning spec",
+        description=(
+            "Tune the dispatches of FILE (a model/function .mlir or a dumped dispatch benchmark): "
+            "order the Z3-enumerated candidates, compile them in parallel, benchmark them against "
+            "the compiler default, verify their outputs, and write DIR/tuning_spec.mlir, "
+            "DIR/results.jsonl and DIR/summary.md. Re-running with the same DIR resumes."
+        ),
+    )
+    defaults = TUNE_DEFAULTS
+    parser.add_argument("file", type=Path, help="model/function .mlir or *_benchmark.mlir")
+    add_target(parser)
+    add_tuning_common(parser, defaults, "candidates to benchmark per dispatch")
+    parser.add_argument(
+        "--storage", metavar="URL",
+        help="Optuna storage of the online search (default: sqlite study.db in the output dir); "
+        "workers given the same URL share one study and never measure a candidate twice",
+    )
+    add_number(parser, "--time-limit", kind=float, valid=AT_LEAST_0, default=defaults.time_limit_s,
+               metavar="S", help="online search: stop a dispatch after S seconds (default %(default)s: "
+               "no limit)")
+    add_number(parser, "--stop-patience", kind=int, valid=AT_LEAST_0, default=defaults.stop_patience,
+               metavar="N", help="online search: stop when the last N results did not beat the best "
+               "by --stop-margin (default %(default)s: off)")
+    add_number(parser, "--stop-margin", kind=float, valid=AT_LEAST_0, default=defaults.stop_margin,
+               help="improvement that counts for --stop-patience (default %(default)s)")
+    parser.add_argument(
+        "--devices", default="",
+        help="comma-separated devices, one benchmark worker each (default: the target's, "
+        "local-sync for host; e.g. hip://0,hip://1)",
+    )
+    add_number(parser, "--baseline-every", kind=int, valid=AT_LEAST_1, default=defaults.baseline_every,
+               help="re-measure the compiler default after this many benchmarks per device "
+               "(default %(default)s)")
+    add_number(parser, "--compile-timeout", kind=float, valid=POSITIVE,
+               default=defaults.compile_timeout_s, help="seconds per compile (default %(default)s)")
+    add_number(parser, "--benchmark-timeout", kind=float, valid=POSITIVE,
+               default=defaults.benchmark_timeout_s,
+               help="seconds per benchmark run (default %(default)s)")
+    add_number(parser, "--min-speedup", kind=float, valid=POSITIVE, default=defaults.min_speedup,
+               help="speedup over the default a candidate needs to enter the spec (default "
+               "%(default)s: above the ~2%% run-to-run noise of local-sync)")
+    add_number(parser, "--confirm-top", kind=int, valid=AT_LEAST_0, default=defaults.confirm_top,
+               help="re-measure this many best candidates at the end, interleaved with the "
+               "default (default %(default)s; 0 = off)")
+    parser.add_argument(
+        "--compile-only", action="store_true",
+        help="build and check candidates without running them (e.g. a GPU target on a machine "
+        "without that GPU); the budget counts candidates built",
+    )
+    parser.add_argument(
+        "--estimator", choices=("min", "median"), default=defaults.estimator,
+        help="time of a measurement from its repetitions (default %(default)s: outside load only "
+        "slows runs down)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dispatchtune.tuner.loop import TuneOptions, tune
+
+    if not args.file.exists():
+        raise InputError(f"no such file: {args.file}")
+    options = TuneOptions(
+        budget=args.budget,
+        order=order_of(args),
+        model_path=None if args.cost_model is None else str(args.cost_model),
+        storage=args.storage,
+        time_limit_s=args.time_limit,
+        stop_patience=args.stop_patience,
+        stop_margin=args.stop_margin,
+        devices=tuple(d.strip() for d in str(args.devices).split(",") if d.strip()),
+        jobs=args.jobs,
+        repetitions=args.repetitions,
+        baseline_every=args.baseline_every,
+        compile_timeout_s=args.compile_timeout,
+        benchmark_timeout_s=args.benchmark_timeout,
+        verify=not args.no_verify,
+        seed=args.seed,
+        min_speedup=args.min_speedup,
+        compile_only=args.compile_only,
+        estimator=args.estimator,
+        confirm_top=args.confirm_top,
+        confirm_rounds=args.confirm_rounds,
+        progress=progress_of(args),
+    )
+    with one_line_warnings():
+        result = tune(args.file, args.target, args.output_dir, options)
+    print(result.text)
+    return 0
