@@ -11,11 +11,11 @@ from dispatchtune.errors import DispatchTuneError, InputError, TargetError
 from dispatchtune.ir.frontend import load_problems
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target, get_target, list_targets
+from dispatchtune.version import __version__
 
 if TYPE_CHECKING:
     from dispatchtune.costmodel.rank import rank
 
-__version__ = "0.1.0"
 
 __all__ = [
     "DispatchTuneError",

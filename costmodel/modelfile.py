@@ -48,6 +48,7 @@ from dispatchtune.features.extract import (
     FEATURE_SCHEMA_VERSION,
     check_feature_schema,
 )
+from dispatchtune.version import __version__
 
 FORMAT_PREFIX = "dispatchtune.costmodel/"
 FORMAT_VERSION = 2
@@ -71,7 +72,6 @@ _TARGET_KINDS = ("cpu", "gpu")
 # ---- writing -----------------------------------------------------------------------------------
 def model_document(model: LearnedModel, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON document of a trained model (what `save_model` writes)."""
-    from dispatchtune import __version__
 
     if not model.fitted:
         raise InputError(f"cannot save an untrained {model.kind} model")
