@@ -395,5 +395,4 @@ class _ModelTuner:
     def cleanup(self) -> None:
         if not self.options.keep_binaries:
             shutil.rmtree(self.work / "builds", ignore_errors=True)
-            shutil.rmtree(self.work / "outputs", ignore_errors=True)
 
