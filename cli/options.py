@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 from dispatchtune.errors import InputError
 from dispatchtune.tuner.loop import ORDERS as TUNE_ORDERS
 from dispatchtune.tuner.loop import TuneOptions
-from dispatchtune.tuner.model_tuning import ModelTuneOptions
+from dispatchtune.tuner.model import ModelTuneOptions
 
 #: Defaults of the dispatch loop and of whole-model tuning (the dataclasses are the one source).
 TUNE_DEFAULTS = TuneOptions()

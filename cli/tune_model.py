@@ -20,7 +20,7 @@ from dispatchtune.cli.options import (
 )
 from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import InputError
-from dispatchtune.tuner.model_tuning import TIMERS
+from dispatchtune.tuner.model.options import TIMERS
 
 
 def register(subparsers: Any) -> None:
@@ -74,7 +74,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dispatchtune.tuner.loop import TuneOptions
-    from dispatchtune.tuner.model_tuning import ModelTuneOptions, tune_model
+    from dispatchtune.tuner.model import ModelTuneOptions, tune_model
 
     if not args.model_mlir.is_file():
         raise InputError(f"no such file: {args.model_mlir}")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import threading
 import time
 import warnings
 import zlib
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dispatchtune.datasets.jsonl import JsonlWriter
 from dispatchtune.errors import DispatchTuneError
 
 SCHEMA_PREFIX = "dispatchtune.result/"
@@ -122,32 +122,15 @@ def check_schema(schema: object, where: str) -> None:
 
 
 class ResultsLog:
-    """Append-only writer of `results.jsonl`; safe to share between threads."""
+    """Append-only, durable writer of `results.jsonl`; safe to share between threads."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = threading.Lock()
-        # A run killed mid-write can leave a last line without its newline: start on a fresh line
-        # so the next record is not glued onto the torn one.
-        if self.path.exists() and self.path.stat().st_size > 0:
-            with self.path.open("rb") as handle:
-                handle.seek(-1, os.SEEK_END)
-                torn = handle.read(1) != b"\n"
-            if torn:
-                self._write_raw("\n")
-
-    def _write_raw(self, text: str) -> None:
-        with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        self._writer = JsonlWriter(path)
+        self.path = self._writer.path
 
     def append(self, record: ResultRecord) -> None:
         """Write one record and make it durable before returning."""
-        line = record.to_json() + "\n"
-        with self._lock:
-            self._write_raw(line)
+        self._writer.append(record.to_json())
 
 
 def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

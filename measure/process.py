@@ -1,4 +1,4 @@
-"""Running IREE tools for the tuning loop: timeouts, crash classification, clean interruption.
+"""Running IREE tools for the measure layer: timeouts, crash classification, clean interruption.
 
 Every compile and benchmark runs as a child process in its own session, so a compiler crash, a
 hung benchmark or a terminal Ctrl-C (which signals the foreground process group) never takes a

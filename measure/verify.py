@@ -1,22 +1,22 @@
 """Checking candidates against the compiler default on seeded random inputs.
 
-The dispatch benchmark has no outputs to compare, so verification works at the function level:
-`Problem.to_mlir()` is compiled with the candidate's spec (the matcher is exact-shape, so it applies
-there too), run with `iree-run-module` on random inputs stored as raw binary files, and its output
-is compared with the default build's. Raw files (not .npy) carry every element type, bf16 and f8
-included. A mismatch is a miscompile: a tuner is also a compiler fuzzer.
+The dispatch benchmark has no outputs to compare, so dispatch verification works at the function
+level: `Problem.to_mlir()` is compiled with the candidate's spec (the matcher is exact-shape, so it
+applies there too), run on random inputs stored as raw binary files, and its output is compared
+with the default build's. Whole-model tuning checks a model build against the default build the
+same way. Raw files (not .npy) carry every element type, bf16 and f8 included. A mismatch is a
+miscompile: a tuner is also a compiler fuzzer. Running the builds is the runner's (`runner.py`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.problem import Problem
-from dispatchtune.toolchain import tool_path
 
 
 def numpy_dtype(element_type: str) -> np.dtype | None:
@@ -50,72 +50,92 @@ def tolerance(element_type: str) -> float:
 
 
 @dataclass(frozen=True)
-class VerifyInputs:
-    """Random inputs of one problem written to disk, and the `--input=` flags that load them."""
+class TensorType:
+    """A statically shaped tensor of a function's signature."""
 
-    flags: tuple[str, ...]
-    output_type: str
-    output_shape: tuple[int, ...]
-    output_dtype: np.dtype | None
+    shape: tuple[int, ...]
+    element_type: str
 
     @property
-    def supported(self) -> bool:
-        return self.output_dtype is not None and bool(self.flags)
+    def flag(self) -> str:
+        """`--input=` type prefix, e.g. `128x256xf32`."""
+        return "x".join([*(str(d) for d in self.shape), self.element_type])
 
 
-def write_inputs(problem: Problem, directory: Path, seed: int = 0) -> VerifyInputs:
-    """Write seeded random inputs for `problem.to_mlir()` (one raw file per argument)."""
+@dataclass(frozen=True)
+class Call:
+    """One function of a module with its `--input=` flags, and the results it returns."""
+
+    function: str
+    inputs: tuple[str, ...]
+    results: tuple[TensorType, ...]
+
+
+def write_random_inputs(
+    tensors: Sequence[TensorType], directory: Path, seed: int, scale: float = 1.0
+) -> tuple[str, ...] | None:
+    """Seeded random inputs as raw files, one per tensor; returns the `--input=` flags that load
+    them (None when numpy cannot hold an element type). Floats are normal(0, `scale`), integers
+    uniform in [-4, 4] (small, so integer accumulation never overflows)."""
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     flags: list[str] = []
-    for i, (shape, etype) in enumerate(
-        zip(problem.operand_shapes[:-1], problem.element_types[:-1], strict=True)
-    ):
-        dtype = numpy_dtype(etype)
+    for i, tensor in enumerate(tensors):
+        dtype = numpy_dtype(tensor.element_type)
         if dtype is None:
-            return VerifyInputs((), problem.output_type, problem.operand_shapes[-1], None)
+            return None
         if np.issubdtype(dtype, np.integer):
-            values = rng.integers(-4, 5, size=shape).astype(dtype)
+            values = rng.integers(-4, 5, size=tensor.shape).astype(dtype)
         else:
-            values = rng.standard_normal(size=shape).astype(np.float32).astype(dtype)
+            normal = rng.standard_normal(size=tensor.shape)
+            values = (normal if scale == 1.0 else scale * normal).astype(np.float32).astype(dtype)
         path = directory / f"input{i}.bin"
         values.tofile(path)
-        dims = "x".join(str(d) for d in shape)
-        flags.append(f"--input={dims}x{etype}=@{path}")
-    return VerifyInputs(
-        tuple(flags),
-        problem.output_type,
-        tuple(problem.operand_shapes[-1]),
-        numpy_dtype(problem.output_type),
-    )
+        flags.append(f"--input={tensor.flag}=@{path}")
+    return tuple(flags)
 
 
-def run_function(
-    vmfb: Path, device: str, inputs: VerifyInputs, out_path: Path, timeout: float
-) -> tuple[ProcessResult, np.ndarray | None]:
-    """Run `main` of a function-level build on `device`; return the process and its output."""
-    out_path.unlink(missing_ok=True)
-    result = run_process(
-        [
-            tool_path("iree-run-module"),
-            f"--module={vmfb}",
-            f"--device={device}",
-            "--function=main",
-            *inputs.flags,
-            f"--output=@{out_path}",
-        ],
-        timeout,
-    )
-    if not result.ok or not out_path.exists() or inputs.output_dtype is None:
-        return result, None
-    data = np.fromfile(out_path, dtype=inputs.output_dtype)
-    if data.size != int(np.prod(inputs.output_shape)):
-        return result, None
-    return result, data.reshape(inputs.output_shape)
+def problem_call(problem: Problem, directory: Path, seed: int = 0) -> Call | None:
+    """`main` of `problem.to_mlir()` with seeded random inputs written to `directory`; None when
+    numpy cannot hold one of its element types (bf16 and f8 it can, through ml_dtypes)."""
+    shapes = [tuple(int(d) for d in s) for s in problem.operand_shapes]
+    tensors = [TensorType(s, t) for s, t in zip(shapes, problem.element_types, strict=True)]
+    if numpy_dtype(problem.output_type) is None:
+        return None
+    flags = write_random_inputs(tensors[:-1], directory, seed)
+    if flags is None:
+        return None
+    return Call("main", flags, (TensorType(shapes[-1], problem.output_type),))
 
 
-def compare(output: np.ndarray, reference: np.ndarray, element_type: str) -> tuple[str, float]:
-    """(`ok` | `mismatch`, max absolute error) of a candidate output against the default's."""
+def read_outputs(paths: Sequence[Path], results: Sequence[TensorType]) -> list[np.ndarray] | None:
+    """The raw output files of a run as arrays (None when one is missing or of the wrong size)."""
+    outputs = []
+    for path, tensor in zip(paths, results, strict=True):
+        dtype = numpy_dtype(tensor.element_type)
+        if dtype is None or not path.exists():
+            return None
+        data = np.fromfile(path, dtype=dtype)
+        if data.size != int(np.prod(tensor.shape)):
+            return None
+        outputs.append(data.reshape(tensor.shape))
+    return outputs
+
+
+def compare(
+    outputs: Sequence[np.ndarray], references: Sequence[np.ndarray], element_types: Sequence[str]
+) -> tuple[str, float]:
+    """(`ok` | `mismatch`, max absolute error) of a build's outputs against the default build's."""
+    status, worst = "ok", 0.0
+    for output, reference, element_type in zip(outputs, references, element_types, strict=True):
+        one, max_abs = _compare_one(output, reference, element_type)
+        worst = max(worst, max_abs)
+        if one != "ok":
+            status = one
+    return status, worst
+
+
+def _compare_one(output: np.ndarray, reference: np.ndarray, element_type: str) -> tuple[str, float]:
     got = output.astype(np.float64)
     want = reference.astype(np.float64)
     if got.shape != want.shape:

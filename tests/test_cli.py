@@ -18,7 +18,7 @@ import pytest
 from dispatchtune.cli import build_parser
 from dispatchtune.cli.train_costmodel import build_parser as train_parser
 from dispatchtune.tuner.loop import TuneOptions
-from dispatchtune.tuner.model_tuning import ModelTuneOptions
+from dispatchtune.tuner.model import ModelTuneOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_COSTMODEL = ("import sys; from dispatchtune.cli import train_costmodel_main; "

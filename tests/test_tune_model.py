@@ -14,24 +14,23 @@ from dispatchtune.cli import main as cli_main
 from dispatchtune.datasets.records import read_records
 from dispatchtune.ir.frontend import load_problems
 from dispatchtune.ir.spec import applied_configs, check_spec, config_applied
+from dispatchtune.measure.builder import compile_module
+from dispatchtune.measure.runner import Artifact, DispatchRow, LocalRunner
+from dispatchtune.measure.verify import compare
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
 from dispatchtune.tuner.loop import TuneOptions
-from dispatchtune.tuner.model_tuning import (
-    DispatchRow,
+from dispatchtune.tuner.model import (
     DispatchShare,
     ModelTuneOptions,
     ModelTuneResult,
     _ModelTuner,
     allocate_budget,
     attribute_time,
-    compare_outputs,
-    compile_model,
     find_entry,
-    run_model,
+    model_call,
     select_dispatches,
     tune_model,
-    write_model_inputs,
 )
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "transformer_block_f32.mlir"
@@ -113,15 +112,15 @@ def test_spec_summary_and_outputs(run: tuple[Path, ModelTuneResult], tmp_path: P
                         if r["problem_key"] == key and r["candidate_id"] == cid)
             assert any(config_applied(info, a) for a in applied)
     entry = find_entry(MODEL)
-    inputs = write_model_inputs(entry, tmp_path / "inputs", seed=3)
+    call = model_call(entry, tmp_path / "inputs", seed=3)
     outputs = []
     for name, with_spec in (("default", None), ("tuned", spec)):
-        vmfb = tmp_path / f"{name}.vmfb"
-        assert compile_model(MODEL, HOST, with_spec, vmfb, 600).ok
-        _, got = run_model(vmfb, entry, inputs, "local-sync", tmp_path / name, 120)
+        vmfb = tmp_path / name / "model.vmfb"
+        assert compile_module(MODEL, HOST, with_spec, vmfb, 600).ok
+        got = LocalRunner().run(Artifact(vmfb, "local-sync"), call, 120).outputs
         assert got is not None and got[0].shape == (128, 256) and np.isfinite(got[0]).all()
         outputs.append(got)
-    assert compare_outputs(outputs[1], outputs[0], entry)[0] == "ok"
+    assert compare(outputs[1], outputs[0], [t.element_type for t in entry.results])[0] == "ok"
     assert result.verify_status == "ok"
 
     assert len(result.default_ms) == len(result.tuned_ms) == 3

@@ -243,18 +243,21 @@ def test_a_wrong_output_is_recorded_as_a_miscompile_and_never_chosen(
 ) -> None:
     """Real compile, benchmark and run; the candidate's output is then corrupted, as a
     miscompiling configuration would produce (no real CPU miscompile is known to reproduce)."""
-    import dispatchtune.tuner.loop as loop
+    from dataclasses import replace
 
-    real_run = loop.run_function
+    from dispatchtune.measure.runner import Artifact, LocalRunner, RunOutcome
 
-    def corrupting_run(vmfb: Path, *args: object, **kwargs: object) -> object:
-        result, output = real_run(vmfb, *args, **kwargs)  # type: ignore[arg-type]
-        if output is not None and "baseline" not in str(vmfb):
-            output = output.copy()
+    real_run = LocalRunner.run
+
+    def corrupting_run(self: LocalRunner, artifact: Artifact, *args: Any) -> RunOutcome:
+        outcome = real_run(self, artifact, *args)
+        if outcome.outputs is not None and "baseline" not in str(artifact.vmfb):
+            output = outcome.outputs[0].copy()
             output[3, 5] += 1.0
-        return result, output
+            outcome = replace(outcome, outputs=[output])
+        return outcome
 
-    monkeypatch.setattr(loop, "run_function", corrupting_run)
+    monkeypatch.setattr(LocalRunner, "run", corrupting_run)
     out = tmp_path / "run"
     options = fast(budget=1, confirm_top=0, min_speedup=0.0)
     candidate = Candidate(7, cpu_config((32, 64), (8, 16), 8))

@@ -18,8 +18,8 @@ from dispatchtune.measure.benchfile import (
     strip_compilation_info,
 )
 from dispatchtune.measure.process import classify, run_process
-from dispatchtune.measure.verify import compare, run_function, tolerance, write_inputs
-from dispatchtune.measure.worker import parse_benchmark_json
+from dispatchtune.measure.runner import Artifact, LocalRunner, parse_benchmark_json
+from dispatchtune.measure.verify import compare, problem_call, tolerance
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
 from dispatchtune.toolchain import tool_path
@@ -63,7 +63,7 @@ def test_fill_is_inserted_after_the_buffer_store_and_the_file_still_compiles(
         120,
     )
     assert bench.ok, bench.stderr
-    times = parse_benchmark_json(bench.stdout)
+    times = parse_benchmark_json(bench.stdout).times_ms
     assert len(times) == 2 and all(t > 0 for t in times)
 
 
@@ -98,13 +98,13 @@ def test_benchmark_json_units() -> None:
         {"run_type": "aggregate", "real_time": 1.0, "time_unit": "us"},
         {"run_type": "iteration", "real_time": 2.0, "time_unit": "ms"},
     ]})
-    assert parse_benchmark_json(text) == [1.5, 2.0]
+    assert parse_benchmark_json(text).times_ms == [1.5, 2.0]
 
 
 def test_verification_runs_the_function_and_compares_per_element_type(tmp_path: Path) -> None:
     problem = Problem.matmul(32, 16, 8, "f16", out_type="f32")
-    inputs = write_inputs(problem, tmp_path / "in", seed=3)
-    assert inputs.supported and len(inputs.flags) == 2
+    call = problem_call(problem, tmp_path / "in", seed=3)
+    assert call is not None and len(call.inputs) == 2
     (tmp_path / "f.mlir").write_text(problem.to_mlir())
     built = run_process(
         [tool_path("iree-compile"), str(tmp_path / "f.mlir"), *HOST.compile_flags,
@@ -112,16 +112,18 @@ def test_verification_runs_the_function_and_compares_per_element_type(tmp_path: 
         120,
     )
     assert built.ok, built.stderr
-    run, out = run_function(tmp_path / "f.vmfb", "local-sync", inputs, tmp_path / "o.bin", 60)
-    assert run.ok and out is not None and out.shape == (32, 16)
+    run = LocalRunner().run(Artifact(tmp_path / "f.vmfb", "local-sync"), call, 60)
+    assert run.ok and run.outputs is not None
+    (out,) = run.outputs
+    assert out.shape == (32, 16)
     a = np.fromfile(tmp_path / "in" / "input0.bin", np.float16).reshape(32, 8).astype(np.float64)
     b = np.fromfile(tmp_path / "in" / "input1.bin", np.float16).reshape(8, 16).astype(np.float64)
-    assert compare(out, a @ b, "f32")[0] == "ok"
+    assert compare([out], [a @ b], ["f32"])[0] == "ok"
     wrong = out.copy()
     wrong[5, 7] += 0.5
-    status, err = compare(wrong, out, "f32")
+    status, err = compare([wrong], [out], ["f32"])
     assert status == "mismatch" and err == pytest.approx(0.5, rel=1e-3)
     nan = out.copy()
     nan[0, 0] = np.nan
-    assert compare(nan, out, "f32")[0] == "mismatch"
+    assert compare([nan], [out], ["f32"])[0] == "mismatch"
     assert tolerance("f16") > tolerance("f32") > tolerance("i32") == 0.0

@@ -51,21 +51,19 @@ from dispatchtune.measure.benchfile import (
     is_dispatch_benchmark,
     prepare_dispatch,
 )
-from dispatchtune.measure.process import kill_children
-from dispatchtune.measure.verify import VerifyInputs, compare, run_function, write_inputs
-from dispatchtune.measure.worker import (
+from dispatchtune.measure.builder import (
     BINDINGS_LOCK,
-    BenchSettings,
     BinaryRegistry,
     CompileContext,
     CompileOutcome,
     CpuSlots,
-    benchmark_vmfb,
-    build_spec,
+    build_default,
     compile_candidate,
-    compile_module,
-    sha256_file,
+    write_spec_file,
 )
+from dispatchtune.measure.process import kill_children
+from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
+from dispatchtune.measure.verify import Call, compare, problem_call
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import iree_compiler_version
@@ -255,6 +253,7 @@ class _DispatchTuner:
         history: list[dict[str, Any]],
         session: str,
         work_dir: Path,
+        runner: Runner | None = None,
     ) -> None:
         self.problem = prepared.problem
         self.prepared = prepared
@@ -268,6 +267,8 @@ class _DispatchTuner:
         self.jobs = options.jobs or cores
         self.slots = CpuSlots(cores if not target.is_gpu else self.jobs + len(self.devices))
         self.registry = BinaryRegistry()
+        # Benchmarks and verification runs go through this interface only (local by default).
+        self.runner: Runner = runner or LocalRunner(self.slots)
         self.settings = BenchSettings(
             options.repetitions, options.min_time_s, options.benchmark_timeout_s
         )
@@ -286,7 +287,7 @@ class _DispatchTuner:
                 if sha:
                     self.registry.claim(str(sha), int(r["candidate_id"]))
         self.reference: np.ndarray | None = None
-        self.inputs: VerifyInputs | None = None
+        self.call: Call | None = None
         self.verify_note = ""
         self.default_config = ""
         self.function_mlir: Path | None = None  # set once the default's reference output exists
@@ -321,19 +322,15 @@ class _DispatchTuner:
     def _prepare_baseline(self) -> None:
         directory = self.work_dir / "baseline"
         directory.mkdir(parents=True, exist_ok=True)
-        spec = None  # the compiler default: no spec at all
         ctx = self._context()
         # The default build must succeed whatever the per-candidate timeout is.
         generous = max(self.options.compile_timeout_s, 300.0)
-        result = compile_module(ctx, self.prepared.benchmark, spec, self.baseline_vmfb,
-                                with_target_flags=False, timeout_s=generous)
+        result, self.baseline_sha = build_default(ctx, self.baseline_vmfb, generous)
         if not result.ok:
             raise DispatchTuneError(
                 f"the compiler-default build of {self.problem.key} {result.status}: {result.error}"
             )
         self.baseline_compile_s = result.elapsed_s
-        self.baseline_sha = sha256_file(self.baseline_vmfb)
-        self.registry.claim(self.baseline_sha, BASELINE_ID)
         if self.options.check_applied:
             from dispatchtune.ir.spec import applied_configs
 
@@ -348,36 +345,32 @@ class _DispatchTuner:
             return
         function = self.work_dir / "function.mlir"
         function.write_text(self.problem.to_mlir())
-        self.inputs = write_inputs(self.problem, self.work_dir / "inputs", self.options.seed)
-        if not self.inputs.supported:
+        self.call = problem_call(self.problem, self.work_dir / "inputs", self.options.seed)
+        if self.call is None:
             self.verify_note = f"no random inputs for {'/'.join(self.problem.element_types)}"
             return
         func_vmfb = directory / "function.vmfb"
-        built = compile_module(
-            ctx, function, spec, func_vmfb, with_target_flags=True, timeout_s=generous
-        )
+        built = ctx.compile(function, None, func_vmfb, with_target_flags=True, timeout_s=generous)
         if not built.ok:
             self.verify_note = f"function-level default build {built.status}: {built.error}"
             return
-        run, output = run_function(
-            func_vmfb, self.devices[0].uri, self.inputs, directory / "output.bin",
-            self.options.benchmark_timeout_s,
-        )
-        if output is None:
+        run = self.runner.run(Artifact(func_vmfb, self.devices[0].uri), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
             self.verify_note = f"default build did not run ({run.status}: {run.error})"
             return
-        self.reference = output
+        self.reference = run.outputs[0]
         self.function_mlir = function
 
     def _measure_baseline(self, device: _Device) -> None:
-        result, times = benchmark_vmfb(self.baseline_vmfb, device.uri, self.settings, self.slots)
+        result = self._benchmark(self.baseline_vmfb, device)
         if self.stop.is_set():
             return
         if not result.ok:
             raise DispatchTuneError(
                 f"benchmarking the compiler default on {device.uri} {result.status}: {result.error}"
             )
-        device.last_baseline_ms = times
+        device.last_baseline_ms = result.times_ms
         device.since_baseline = 0
         self._append(
             self._record(
@@ -389,9 +382,12 @@ class _DispatchTuner:
                 compile_time_s=self.baseline_compile_s,
                 binary_sha256=self.baseline_sha,
                 bench_status="ok",
-                times_ms=times,
+                times_ms=result.times_ms,
             )
         )
+
+    def _benchmark(self, vmfb: Path, device: _Device) -> BenchOutcome:
+        return self.runner.benchmark(Artifact(vmfb, device.uri), self.settings)
 
     def _context(self) -> CompileContext:
         return CompileContext(
@@ -413,10 +409,10 @@ class _DispatchTuner:
             if device.since_baseline >= self.options.baseline_every:
                 self._measure_baseline(device)
             assert compiled.vmfb is not None
-            result, times = benchmark_vmfb(compiled.vmfb, device.uri, self.settings, self.slots)
+            result = self._benchmark(compiled.vmfb, device)
             device.since_baseline += 1
             outcome = _BenchOutcome(
-                compiled, device.uri, result.status, result.error, times,
+                compiled, device.uri, result.status, result.error, result.times_ms,
                 list(device.last_baseline_ms),
             )
             if result.ok:
@@ -430,22 +426,19 @@ class _DispatchTuner:
                         path.unlink(missing_ok=True)
 
     def _verify(self, compiled: CompileOutcome, device: _Device, outcome: _BenchOutcome) -> None:
-        if self.reference is None or self.inputs is None:
+        if self.reference is None or self.call is None:
             outcome.verify_error = self.verify_note
             return
         if compiled.verify_vmfb is None:
             outcome.verify_status, outcome.verify_error = "error", compiled.verify_error
             return
-        out = compiled.verify_vmfb.with_name("output.bin")
-        run, output = run_function(
-            compiled.verify_vmfb, device.uri, self.inputs, out, self.options.benchmark_timeout_s
-        )
-        if output is None:
+        run = self.runner.run(Artifact(compiled.verify_vmfb, device.uri), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
             outcome.verify_status = "error"
             outcome.verify_error = f"run {run.status}: {run.error or 'no output'}"
             return
-        out.unlink(missing_ok=True)
-        status, max_abs = compare(output, self.reference, self.problem.output_type)
+        status, max_abs = compare(run.outputs, [self.reference], [self.problem.output_type])
         outcome.verify_status, outcome.max_abs_error = status, max_abs
         if status == "mismatch":
             outcome.verify_error = (
@@ -480,13 +473,11 @@ class _DispatchTuner:
         binaries: list[tuple[dict[Any, Any], Path]] = []
         for row in finalists.to_dict("records"):
             directory = self.work_dir / f"c{row['candidate_id']}"
-            directory.mkdir(parents=True, exist_ok=True)
             spec = directory / "spec.mlir"
             if not spec.exists():
-                spec.write_text(build_spec(self.problem, str(row["compilation_info"])))
+                write_spec_file([(self.problem, str(row["compilation_info"]))], spec)
             vmfb = directory / "confirm.vmfb"
-            built = compile_module(ctx, self.prepared.benchmark, spec, vmfb,
-                                   with_target_flags=False)
+            built = ctx.compile(self.prepared.benchmark, spec, vmfb, with_target_flags=False)
             if built.ok:
                 binaries.append((row, vmfb))
         device = self.devices[0]
@@ -502,7 +493,7 @@ class _DispatchTuner:
                 base = list(device.last_baseline_ms)
                 shift = round_index % len(binaries)  # rotate to spread any position effect
                 for row, vmfb in binaries[shift:] + binaries[:shift]:
-                    run, times = benchmark_vmfb(vmfb, device.uri, self.settings, self.slots)
+                    run = self._benchmark(vmfb, device)
                     self._append(
                         self._record(
                             kind="confirm",
@@ -516,7 +507,7 @@ class _DispatchTuner:
                             binary_sha256=str(row.get("binary_sha256", "")),
                             bench_status=run.status,
                             bench_error=run.error,
-                            times_ms=times,
+                            times_ms=run.times_ms,
                             baseline_times_ms=base,
                             verify_status=str(row.get("verify_status", "skipped")),
                         )

@@ -439,7 +439,7 @@ def write_outputs(
 ) -> TuneResult:
     """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries."""
     from dispatchtune.ir.spec import tuning_spec, write_spec
-    from dispatchtune.measure.worker import BINDINGS_LOCK
+    from dispatchtune.measure.builder import BINDINGS_LOCK
     from dispatchtune.tuner.loop import TuneResult
 
     summaries = [

@@ -1,28 +1,30 @@
-"""The two worker roles of the tuning loop: compile a candidate, benchmark a binary on a device.
+"""Building binaries: candidates of a dispatch with their spec, the compiler default, whole models.
 
 Compile workers are threads that each drive `iree-compile` child processes (the work happens in
 the children, so threads give true parallelism, and a crashing compiler only loses its child).
-Benchmark workers own one device each. Both kinds share the host cores through `CpuSlots`: a
-compile child takes one slot, a CPU benchmark takes all of them (compiles pause while it runs), a
-GPU benchmark one (compiles of the next batch overlap with it). Noise from outside the tuner is
-measured by re-running the baseline at intervals and normalised away.
+Compiles and CPU benchmarks share the host cores through `CpuSlots`: a compile child takes one
+slot, a CPU benchmark all of them (`runner.slots_for_device`).
+
+Error policy: a build never raises for the input's own failures; it returns an outcome with a
+status (`ok` | `failed` | `timeout` | `crashed` | `not_applied` | `duplicate` | `error`) and a
+one-line reason. Callers for whom a failure must abort (the compiler default, a whole model)
+raise from the outcome themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
-import json
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from dispatchtune.candidate import Candidate
+from dispatchtune.datasets.records import BASELINE_ID
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.problem import Problem
@@ -99,7 +101,68 @@ class BinaryRegistry:
 
 
 def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's bytes (binaries are compared by it)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_spec_file(entries: Sequence[tuple[Problem, str]], path: Path) -> Path:
+    """Write the spec giving each problem its configuration to `path` (atomically)."""
+    from dispatchtune.ir.spec import tuning_spec, write_spec
+
+    with BINDINGS_LOCK:
+        return write_spec(tuning_spec(entries), path)
+
+
+def compile_module(
+    source: Path,
+    target: Target,
+    spec: Path | None,
+    out: Path,
+    timeout_s: float,
+    *,
+    with_target_flags: bool = True,
+    slots: CpuSlots | None = None,
+) -> ProcessResult:
+    """`iree-compile source -o out` with the spec (`None`: the compiler default).
+
+    A dumped dispatch benchmark carries its target; a model or function needs the target's flags.
+    A missing or empty output counts as a failure even when the exit status is 0.
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    flags = list(target.compile_flags) if with_target_flags else []
+    if spec is not None:
+        flags.append(f"{target.tuning_spec_flag}={spec}")
+    command = [tool_path("iree-compile"), str(source), *flags, "-o", str(out)]
+    with slots.hold(1) if slots is not None else contextlib.nullcontext():
+        result = run_process(command, timeout_s)
+    if result.ok and (not out.exists() or out.stat().st_size == 0):
+        return ProcessResult(
+            "failed", result.returncode, result.stdout, result.stderr, result.elapsed_s,
+            "iree-compile exited 0 but wrote no binary",
+        )
+    return result
+
+
+def check_applied(
+    source: Path, target: Target, spec: Path, compilation_info: str,
+    slots: CpuSlots | None = None,
+) -> tuple[str, str]:
+    """Whether compiling `source` with `spec` gives a root op `compilation_info`:
+    (`ok` | `not_applied` | `error`, reason). A spec that does not match compiles silently with
+    the compiler's own choice, so every build's applied configuration is read back."""
+    from dispatchtune.ir.spec import applied_configs, config_applied
+
+    try:
+        with BINDINGS_LOCK, slots.hold(1) if slots is not None else contextlib.nullcontext():
+            applied = applied_configs(source, target, spec)
+    except DispatchTuneError as exc:
+        return "error", f"applied-config check failed: {exc}"
+    if any(config_applied(compilation_info, a) for a in applied):
+        return "ok", ""
+    return "not_applied", "spec did not apply; IREE used: " + (
+        "; ".join(applied) if applied else "no configuration"
+    )
 
 
 @dataclass
@@ -116,41 +179,28 @@ class CompileContext:
     registry: BinaryRegistry
     check_applied: bool = True
 
+    def compile(
+        self, source: Path, spec: Path | None, out: Path, *, with_target_flags: bool,
+        timeout_s: float | None = None,
+    ) -> ProcessResult:
+        """`compile_module` for this dispatch's target, holding one of its CPU slots."""
+        return compile_module(source, self.target, spec, out, timeout_s or self.timeout_s,
+                              with_target_flags=with_target_flags, slots=self.slots)
 
-def build_spec(problem: Problem, compilation_info: str) -> str:
-    """Spec text that gives `problem` one candidate configuration."""
-    from dispatchtune.ir.spec import tuning_spec
 
-    with BINDINGS_LOCK:
-        return tuning_spec([(problem, compilation_info)])
+def build_default(ctx: CompileContext, out: Path, timeout_s: float) -> tuple[ProcessResult, str]:
+    """The compiler-default build of the dispatch (no spec) and its sha256 ("" on failure).
 
-
-def compile_module(
-    ctx: CompileContext,
-    source: Path,
-    spec: Path | None,
-    out: Path,
-    *,
-    with_target_flags: bool,
-    timeout_s: float | None = None,
-) -> ProcessResult:
-    """`iree-compile source -o out` with the spec (`None`: the compiler default).
-
-    A missing or empty output counts as a failure even when the exit status is 0.
+    Its binary is registered first, so a candidate that builds the same binary is a duplicate
+    of the default.
     """
-    out.unlink(missing_ok=True)
-    flags = list(ctx.target.compile_flags) if with_target_flags else []
-    if spec is not None:
-        flags.append(f"{ctx.target.tuning_spec_flag}={spec}")
-    command = [tool_path("iree-compile"), str(source), *flags, "-o", str(out)]
-    with ctx.slots.hold(1):
-        result = run_process(command, timeout_s or ctx.timeout_s)
-    if result.ok and (not out.exists() or out.stat().st_size == 0):
-        return ProcessResult(
-            "failed", result.returncode, result.stdout, result.stderr, result.elapsed_s,
-            "iree-compile exited 0 but wrote no binary",
-        )
-    return result
+    result = ctx.compile(ctx.benchmark_mlir, None, out, with_target_flags=False,
+                         timeout_s=timeout_s)
+    if not result.ok:
+        return result, ""
+    sha = sha256_file(out)
+    ctx.registry.claim(sha, BASELINE_ID)
+    return result, sha
 
 
 def compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutcome:
@@ -167,34 +217,22 @@ def compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutco
 
 def _compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutcome:
     directory = ctx.work_dir / f"c{candidate.candidate_id}"
-    directory.mkdir(parents=True, exist_ok=True)
     try:
-        spec_text = build_spec(ctx.problem, candidate.compilation_info)
+        spec = write_spec_file([(ctx.problem, candidate.compilation_info)],
+                               directory / "spec.mlir")
     except DispatchTuneError as exc:
         return CompileOutcome(candidate, "error", f"cannot build spec: {exc}")
-    spec = directory / "spec.mlir"
-    spec.write_text(spec_text)
     vmfb = directory / "dispatch.vmfb"
-    result = compile_module(ctx, ctx.benchmark_mlir, spec, vmfb, with_target_flags=False)
+    result = ctx.compile(ctx.benchmark_mlir, spec, vmfb, with_target_flags=False)
     if not result.ok:
         vmfb.unlink(missing_ok=True)
         return CompileOutcome(candidate, result.status, result.error, result.elapsed_s)
     outcome = CompileOutcome(candidate, "ok", compile_time_s=result.elapsed_s, vmfb=vmfb)
     if ctx.check_applied:
-        from dispatchtune.ir.spec import applied_configs, config_applied
-
-        try:
-            with BINDINGS_LOCK, ctx.slots.hold(1):
-                applied = applied_configs(ctx.benchmark_mlir, ctx.target, spec)
-            matched = any(config_applied(candidate.compilation_info, a) for a in applied)
-        except DispatchTuneError as exc:
-            outcome.status, outcome.error = "error", f"applied-config check failed: {exc}"
-            return outcome
-        if not matched:
-            outcome.status = "not_applied"
-            outcome.error = "spec did not apply; IREE used: " + (
-                "; ".join(applied) if applied else "no configuration"
-            )
+        status, error = check_applied(ctx.benchmark_mlir, ctx.target, spec,
+                                      candidate.compilation_info, ctx.slots)
+        if status != "ok":
+            outcome.status, outcome.error = status, error
             return outcome
     outcome.sha256 = sha256_file(vmfb)
     owner = ctx.registry.claim(outcome.sha256, candidate.candidate_id)
@@ -208,77 +246,9 @@ def _compile_candidate(ctx: CompileContext, candidate: Candidate) -> CompileOutc
         return outcome
     if ctx.function_mlir is not None:
         func_vmfb = directory / "function.vmfb"
-        func = compile_module(ctx, ctx.function_mlir, spec, func_vmfb, with_target_flags=True)
+        func = ctx.compile(ctx.function_mlir, spec, func_vmfb, with_target_flags=True)
         if func.ok:
             outcome.verify_vmfb = func_vmfb
         else:
             outcome.verify_error = f"function build {func.status}: {func.error}"
     return outcome
-
-
-# ---- benchmarking --------------------------------------------------------------------------------
-_UNIT_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-@dataclass(frozen=True)
-class BenchSettings:
-    repetitions: int = 5
-    min_time_s: float = 0.05
-    timeout_s: float = 120.0
-
-
-def parse_benchmark_json(text: str) -> list[float]:
-    """Every repetition's real time in ms from `iree-benchmark-module --benchmark_format=json`."""
-    data = json.loads(text)
-    times = []
-    for row in data.get("benchmarks", []):
-        if row.get("run_type", "iteration") != "iteration":
-            continue
-        times.append(float(row["real_time"]) * _UNIT_MS[row.get("time_unit", "ns")])
-    return times
-
-
-def slots_for_device(device: str, slots: CpuSlots) -> int:
-    """CPU slots a benchmark on `device` holds.
-
-    A CPU benchmark holds them all: measured here, a compile running beside a `local-sync`
-    benchmark on the other core made it 2x slower and the ranking noisy, so compiles pause for
-    the ~0.5 s a CPU benchmark takes. A GPU benchmark needs one host thread; compiles go on.
-    """
-    return slots.total if device.startswith("local") else 1
-
-
-def benchmark_vmfb(
-    vmfb: Path, device: str, settings: BenchSettings, slots: CpuSlots
-) -> tuple[ProcessResult, list[float]]:
-    """Run a dispatch benchmark binary; return the process and each repetition's time (ms)."""
-    command = [
-        tool_path("iree-benchmark-module"),
-        f"--module={vmfb}",
-        f"--device={device}",
-        f"--benchmark_repetitions={settings.repetitions}",
-        f"--benchmark_min_time={settings.min_time_s:g}s",
-        "--benchmark_format=json",
-        "--batch_size=1",
-    ]
-    with slots.hold(slots_for_device(device, slots)):
-        result = run_process(command, settings.timeout_s)
-    if not result.ok:
-        return result, []
-    try:
-        times = parse_benchmark_json(result.stdout)
-    except (ValueError, KeyError) as exc:
-        return ProcessResult(
-            "failed", result.returncode, result.stdout, result.stderr, result.elapsed_s,
-            f"unreadable benchmark output: {exc}",
-        ), []
-    if not times:
-        return ProcessResult(
-            "failed", result.returncode, result.stdout, result.stderr, result.elapsed_s,
-            "benchmark reported no repetitions",
-        ), []
-    return result, times
-
-
-def median(values: list[float]) -> float:
-    return float(np.median(values)) if values else float("nan")

@@ -1,0 +1,398 @@
+"""The steps of whole-model tuning: profile, tune dispatches, keep-if-the-model-gets-faster, final.
+
+Every model-level measurement and decision is appended to `model_log.jsonl` as soon as it is
+known, and each step first looks for its record there, so a re-run measures nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dispatchtune.datasets.records import read_records
+from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.measure.builder import (
+    check_applied,
+    compile_module,
+    sha256_file,
+    write_spec_file,
+)
+from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
+from dispatchtune.measure.verify import compare
+from dispatchtune.problem import Problem
+from dispatchtune.targets import Target
+from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.tuner.model.entry import find_entry, model_call
+from dispatchtune.tuner.model.log import ModelLog
+from dispatchtune.tuner.model.options import ModelTuneOptions
+from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
+
+
+@dataclass
+class ModelStep:
+    """One model-level decision: a key's top candidates built into the model and benchmarked."""
+
+    key: str
+    tried: list[dict[str, Any]]  # candidate_id, dispatch_speedup, model_speedup, status, ...
+    kept: int | None  # candidate id kept, None when the model did not get faster
+    note: str = ""
+
+
+def benchmarked_per_key(records: Sequence[dict[str, Any]], target: Target) -> dict[str, int]:
+    """Candidates that used up budget per problem key (as the loop counts them)."""
+    counts: dict[str, int] = {}
+    for r in records:
+        if r.get("kind") == "candidate" and r.get("target") == target.name and r.get(
+            "bench_status"
+        ) != "skipped":
+            key = str(r.get("problem_key"))
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+class _ModelTuner:
+    """The steps of one tune-model run; every measurement goes through `runner`."""
+
+    def __init__(
+        self, model: Path, target: Target, out: Path, options: ModelTuneOptions,
+        runner: Runner | None = None,
+    ) -> None:
+        self.model = model
+        self.target = target
+        self.out = out
+        self.options = options
+        self.work = out / "work"
+        self.log = ModelLog(out / "model_log.jsonl")
+        self.entry = find_entry(model, options.function)
+        self.device = options.device or target.device_uri
+        self.timer = options.timer
+        if self.timer == "auto":
+            self.timer = "cpu" if self.device.startswith("local-sync") else "real"
+        self.runner: Runner = runner or LocalRunner()
+        self.settings = BenchSettings(options.repetitions, options.min_time_s,
+                                      options.benchmark_timeout_s, self.timer)
+        self.model_sha = sha256_file(model)
+        self.call = model_call(self.entry, self.work / "inputs", options.seed)
+        self.reference: list[np.ndarray] | None = None
+        self.verify_note = ""
+        self.builds: dict[str, Path] = {}
+        self.problems: dict[str, Problem] = {}
+        self.candidate_info: dict[tuple[str, int], str] = {}
+        if options.progress is None:
+            self.mode = "bar" if sys.stderr.isatty() else "lines"
+        else:
+            self.mode = "bar" if options.progress else "off"
+
+    def say(self, text: str) -> None:
+        if self.mode != "off":
+            print(f"tune-model: {text}", file=sys.stderr, flush=True)
+
+    # -- identity of the run (a results directory belongs to one model, target and device) ------
+    def _check_identity(self) -> None:
+        profile = self.log.find("profile")
+        if profile is None:
+            return
+        for name, value in (("model_sha256", self.model_sha), ("target", self.target.name),
+                            ("device", self.device), ("function", self.entry.name)):
+            if profile.get(name) != value:
+                raise DispatchTuneError(
+                    f"{self.out} holds a tune-model run of another {name.split('_')[0]} "
+                    f"({profile.get(name)}); use a new --output-dir"
+                )
+
+    # -- builds ------------------------------------------------------------------------------------
+    def _spec_entries(self, kept: Sequence[tuple[str, int]]) -> list[tuple[Problem, str]]:
+        return [(self.problems[k], self.candidate_info[(k, c)]) for k, c in kept]
+
+    def build(self, kept: Sequence[tuple[str, int]]) -> tuple[Path | None, str]:
+        """The model built with a spec configuring `kept` (key, candidate id); (vmfb, error)."""
+        name = hashlib.sha1(json.dumps(sorted(kept)).encode()).hexdigest()[:12] if kept else "default"
+        if name in self.builds:
+            return self.builds[name], ""
+        directory = self.work / "builds" / name
+        spec: Path | None = None
+        if kept:
+            spec = write_spec_file(self._spec_entries(kept), directory / "spec.mlir")
+        vmfb = directory / "model.vmfb"
+        result = compile_module(self.model, self.target, spec, vmfb,
+                                self.options.compile_timeout_s)
+        if not result.ok:
+            return None, f"model build {result.status}: {result.error}"
+        self.builds[name] = vmfb
+        return vmfb, ""
+
+    def reference_outputs(self) -> list[np.ndarray] | None:
+        """The default build's outputs on the seeded inputs (computed once, on first need)."""
+        if self.reference is not None or self.verify_note or not self.options.verify:
+            return self.reference
+        vmfb, error = self.build([])
+        if vmfb is None:
+            raise DispatchTuneError(f"the compiler-default {error}")
+        run = self.runner.run(Artifact(vmfb, self.device), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
+            self.verify_note = f"default build did not run ({run.status}: {run.error})"
+        self.reference = run.outputs
+        return run.outputs
+
+    def verify(self, vmfb: Path) -> tuple[str, float | None, str]:
+        """(`ok` | `mismatch` | `error` | `skipped`, max |error|, note) against the default build."""
+        reference = self.reference_outputs()
+        if reference is None:
+            return "skipped", None, self.verify_note or "verification disabled"
+        run = self.runner.run(Artifact(vmfb, self.device), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
+            return "error", None, f"run {run.status}: {run.error or 'no output'}"
+        status, max_abs = compare(run.outputs, reference,
+                                  [t.element_type for t in self.entry.results])
+        return status, max_abs, ""
+
+    def measure(self, builds: Sequence[Path], rounds: int, desc: str) -> list[list[list[float]]]:
+        """times[round][build] = repetitions (ms); builds are interleaved, rotated per round."""
+        from tqdm import tqdm
+
+        times: list[list[list[float]]] = []
+        bar = tqdm(total=rounds * len(builds), desc=desc[:40], unit="bench",
+                   disable=self.mode != "bar", file=sys.stderr, dynamic_ncols=True)
+        try:
+            for round_index in range(rounds):
+                row: list[list[float]] = [[] for _ in builds]
+                shift = round_index % len(builds)  # spread any position effect over the builds
+                for i in [*range(shift, len(builds)), *range(shift)]:
+                    row[i] = self.benchmark(builds[i]).times_ms
+                    bar.update(1)
+                times.append(row)
+        finally:
+            bar.close()
+        return times
+
+    def benchmark(self, vmfb: Path, *, dispatch_statistics: bool = False) -> BenchOutcome:
+        """One benchmark of a model build; a failure aborts the run (no decision without it)."""
+        outcome = self.runner.benchmark(Artifact(vmfb, self.device), self.settings, self.call,
+                                        dispatch_statistics=dispatch_statistics)
+        if not outcome.ok:
+            raise DispatchTuneError(f"benchmarking {vmfb.name} {outcome.status}: {outcome.error}")
+        return outcome
+
+    # -- 1. profile ----------------------------------------------------------------------------------
+    def profile(self) -> dict[str, Any]:
+        record = self.log.find("profile")
+        if record is not None:
+            self.say("reusing the profile in model_log.jsonl")
+            return record
+        self.say(f"compiling {self.model.name} with the {self.target.name} flags and profiling it")
+        vmfb, error = self.build([])
+        if vmfb is None:
+            raise InputError(f"{self.model}: the compiler-default {error}")
+        profiled = self.benchmark(vmfb, dispatch_statistics=True)
+        return self.log.append(
+            "profile", model=str(self.model), model_sha256=self.model_sha, target=self.target.name,
+            device=self.device, function=self.entry.name, iree_version=iree_compiler_version(),
+            timer=self.timer,
+            compile_flags=list(self.target.compile_flags), times_ms=profiled.times_ms,
+            dispatches=[{"name": r.name, "time_ms": r.time_ms, "calls": r.calls}
+                        for r in profiled.dispatches],
+        )
+
+    # -- 3. dispatch tuning ----------------------------------------------------------------------
+    def tune_dispatches(self, selected: Sequence[DispatchShare]) -> list[dict[str, Any]]:
+        """Run the dispatch loop on each selected key with its budget; return every record."""
+        from dispatchtune.ir.frontend import load_problems
+        from dispatchtune.measure.benchfile import dump_dispatch_benchmarks
+        from dispatchtune.tuner.loop import tune
+
+        dispatch_dir = self.out / "dispatches"
+        results = dispatch_dir / "results.jsonl"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the loop reports corrupt lines when it resumes
+            spent = benchmarked_per_key(list(read_records(results)), self.target)
+        tuned = [s for s in selected if s.budget > 0]
+        # Keys whose budget is already spent are not handed to the loop again: it would only
+        # dump, strip and re-read their benchmarks to find nothing left to do.
+        todo = [s for s in tuned if spent.get(s.key, 0) < s.budget]
+        for share in tuned:
+            if share not in todo:
+                self.say(f"{share.key}: {spent[share.key]} benchmarks already in results.jsonl")
+        if todo:
+            dumped = dump_dispatch_benchmarks(self.model, self.target, self.work / "dumped")
+            files = {dispatch_index(f.name): f for f in dumped}
+        for position, share in enumerate(todo, start=1):
+            source = files.get(dispatch_index(share.slowest))
+            if source is None:
+                raise DispatchTuneError(f"no dumped benchmark for dispatch {share.slowest}")
+            found = load_problems(source, self.target)[0]
+            if found.key != share.key:
+                raise DispatchTuneError(
+                    f"dumped benchmark {source.name} holds {found.key}, not {share.key}"
+                )
+            self.say(
+                f"[{position}/{len(todo)}] tuning {share.key} ({share.share:.0%} of the model, "
+                f"{len(share.dispatches)} dispatch(es)) with {share.budget} benchmarks"
+            )
+            options = replace(self.options.dispatch, budget=share.budget,
+                              confirm_top=self.options.top, seed=self.options.seed,
+                              progress=self.options.progress)
+            tune(source, self.target, dispatch_dir, options)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # corrupt lines were reported by the loop
+            records = list(read_records(results))
+        if todo:
+            self._write_dispatch_report(records, [s.problem for s in tuned])
+            if not self.options.keep_binaries:
+                shutil.rmtree(self.work / "dumped", ignore_errors=True)
+        return records
+
+    def _write_dispatch_report(self, records: list[dict[str, Any]], problems: list[Problem]) -> None:
+        """`dispatches/summary.md` over every tuned key (each loop call wrote only its own)."""
+        from dispatchtune.tuner.report import write_outputs
+
+        write_outputs(records, problems, self.target, self.out / "dispatches",
+                      self.options.dispatch)
+
+    def finalists(self, records: list[dict[str, Any]], problem: Problem) -> list[dict[str, Any]]:
+        """A key's best candidates by dispatch speedup (confirmed first), faster than the default."""
+        from dispatchtune.tuner.report import summarize, usable_candidates
+
+        summary = summarize(records, problem, self.target, self.options.dispatch.min_speedup,
+                            self.options.dispatch.estimator)
+        if summary.frame is None or summary.frame.empty:
+            return []
+        usable = usable_candidates(summary.frame)
+        if usable.empty:
+            return []
+        speed = {int(c): float(s) for c, s in zip(usable["candidate_id"], usable["speedup"],
+                                                   strict=True)}
+        confirmed: dict[int, float] = {}
+        if summary.confirmed is not None and not summary.confirmed.empty:
+            confirmed = {int(c): float(s) for c, s in zip(
+                summary.confirmed["candidate_id"], summary.confirmed["speedup"], strict=True)}
+        infos = {int(c): str(i) for c, i in zip(usable["candidate_id"], usable["compilation_info"],
+                                                 strict=True)}
+        # Confirmed (interleaved, repeated) speedups outrank single screening measurements.
+        order = sorted(speed, key=lambda c: (c not in confirmed, -confirmed.get(c, speed[c])))
+        picked = []
+        for cid in order:
+            value = confirmed.get(cid, speed[cid])
+            if value <= 1.0:
+                continue
+            picked.append({"candidate_id": cid, "dispatch_speedup": value,
+                           "confirmed": cid in confirmed, "compilation_info": infos[cid]})
+            if len(picked) >= self.options.top:
+                break
+        return picked
+
+    # -- 4. greedy keep-if-the-model-gets-faster -----------------------------------------------------
+    def model_step(
+        self, share: DispatchShare, finalists: list[dict[str, Any]], kept: list[tuple[str, int]]
+    ) -> ModelStep:
+        ids = [f["candidate_id"] for f in finalists]
+        base = [list(k) for k in kept]
+        done = self.log.find("step", key=share.key, base=base, candidates=ids, timer=self.timer,
+                             rounds=self.options.model_rounds)
+        if done is not None:
+            return ModelStep(share.key, done["tried"], done["kept"], done.get("note", ""))
+        self.say(f"model step {share.key}: building the model with {len(ids)} candidate(s)")
+        current, error = self.build(kept)
+        if current is None:
+            raise DispatchTuneError(f"the model build with the spec kept so far failed: {error}")
+        tried: list[dict[str, Any]] = []
+        builds: list[tuple[dict[str, Any], Path]] = []
+        jobs = max(1, min(len(finalists), len(os.sched_getaffinity(0))))
+        with ThreadPoolExecutor(jobs) as pool:
+            built = list(pool.map(lambda f: self.build([*kept, (share.key, f["candidate_id"])]),
+                                  finalists))
+        for finalist, (vmfb, error) in zip(finalists, built, strict=True):
+            entry = {k: finalist[k] for k in ("candidate_id", "dispatch_speedup", "confirmed")}
+            tried.append(entry)
+            if vmfb is None:
+                entry.update(status="build_failed", error=error)
+                continue
+            if sha256_file(vmfb) == sha256_file(current):
+                # The config is what the compiler already picks in this model: nothing to gain.
+                entry.update(status="identical", error="model binary identical to the current one")
+                continue
+            applied, error = check_applied(self.model, self.target, vmfb.with_name("spec.mlir"),
+                                           finalist["compilation_info"])
+            if applied == "error":
+                raise DispatchTuneError(error)
+            if applied != "ok":
+                entry.update(status="not_applied", error="the config did not apply in the model")
+                continue
+            status, max_abs, note = self.verify(vmfb)
+            entry.update(verify_status=status, max_abs_error=max_abs)
+            if status in ("mismatch", "error"):
+                entry.update(status="miscompile" if status == "mismatch" else "run_failed",
+                             error=note or f"outputs differ from the default build (max |error| "
+                             f"{max_abs:.3g})")
+                continue
+            entry["status"] = "measured"
+            builds.append((entry, vmfb))
+        kept_id: int | None = None
+        note = ""
+        if builds:
+            times = self.measure([current, *(v for _, v in builds)], self.options.model_rounds,
+                                 f"model {share.key}")
+            for index, (entry, _) in enumerate(builds, start=1):
+                ratios = [min(r[0]) / min(r[index]) for r in times]
+                entry.update(model_speedup=float(np.median(ratios)), ratios=ratios,
+                             times_ms=[r[index] for r in times])
+            base_times = [r[0] for r in times]
+            best = max(builds, key=lambda b: b[0]["model_speedup"])[0]
+            wins = sum(r > 1.0 for r in best["ratios"])
+            if best["model_speedup"] > self.options.min_model_speedup and 3 * wins >= 2 * len(
+                best["ratios"]
+            ):
+                kept_id = int(best["candidate_id"])
+            else:
+                note = (f"best model speedup {best['model_speedup']:.3f}x (faster in {wins}/"
+                        f"{len(best['ratios'])} rounds): not above {self.options.min_model_speedup}")
+        else:
+            base_times = []
+            note = "no candidate could be measured in the model"
+        self.log.append("step", key=share.key, base=base, candidates=ids, timer=self.timer,
+                        rounds=self.options.model_rounds, tried=tried,
+                        kept=kept_id, note=note, base_times_ms=base_times)
+        return ModelStep(share.key, tried, kept_id, note)
+
+    # -- 5. final measurement ----------------------------------------------------------------------
+    def final(self, kept: list[tuple[str, int]]) -> dict[str, Any]:
+        entries = [list(k) for k in kept]
+        done = self.log.find("final", kept=entries, timer=self.timer,
+                             rounds=self.options.final_rounds)
+        if done is not None:
+            return done
+        default, error = self.build([])
+        if default is None:
+            raise DispatchTuneError(f"the compiler-default {error}")
+        if kept:
+            tuned, error = self.build(kept)
+            if tuned is None:
+                raise DispatchTuneError(f"the final model build failed: {error}")
+            status, max_abs, note = self.verify(tuned)
+        else:
+            tuned, status, max_abs, note = default, "ok", 0.0, "nothing kept: the default build"
+        self.say(f"final: default vs tuned model, {self.options.final_rounds} interleaved rounds")
+        times = self.measure([default, tuned], self.options.final_rounds, "model default vs tuned")
+        return self.log.append(
+            "final", kept=entries, timer=self.timer, rounds=self.options.final_rounds,
+            default_times_ms=[r[0] for r in times],
+            tuned_times_ms=[r[1] for r in times], verify_status=status, max_abs_error=max_abs,
+            verify_note=note,
+        )
+
+    def cleanup(self) -> None:
+        if not self.options.keep_binaries:
+            shutil.rmtree(self.work / "builds", ignore_errors=True)
+
