@@ -206,7 +206,11 @@ def _describe(op: Any, path: Path) -> Problem | None:
     if name in _ATTENTION_OPS:
         kind = "attention"
         maps = [attr.value for attr in op.attributes["indexing_maps"]]
-        q, k, v, o = maps[0], maps[1], maps[2], maps[4]
+        # ins are Q, K, V, scale and an optional mask; the output's map follows the ins' maps
+        # (online_attention adds its max and sum outputs after it).
+        n_ins = len(op.operands) - len(op.results)
+        q, k, v, o = maps[0], maps[1], maps[2], maps[n_ins]
+        mask = (str(maps[4]), _static_shape(op.operands[4], name, path)[1]) if n_ins == 5 else None
         detail = iree_codegen.get_attention_op_detail(q, k, v, o)
         dims = {
             "batch": detail.batch_dims,
@@ -227,6 +231,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
         values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
         n_loops = operand_maps[0].n_dims
         extra = {}
+        mask = None
     elif linalg.isa_convolution_op(op):
         kind = "convolution"
         cdims = linalg.infer_convolution_dimensions(op)
@@ -242,6 +247,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
         values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
         n_loops = operand_maps[0].n_dims
         extra = {"strides": tuple(cdims.strides), "dilations": tuple(cdims.dilations)}
+        mask = None
     else:
         return None
 
@@ -256,6 +262,8 @@ def _describe(op: Any, path: Path) -> Problem | None:
         indexing_maps=tuple(str(m) for m in operand_maps),
         strides=extra.get("strides", ()),
         dilations=extra.get("dilations", ()),
+        mask_map=mask[0] if mask else "",
+        mask_type=mask[1] if mask else "",
         op_name=name,
         name=_function_name(op),
     )
