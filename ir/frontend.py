@@ -1,6 +1,7 @@
 """Front end: find the tunable root ops in real IREE input and describe each as a `Problem`.
 
-Two inputs are accepted:
+Two inputs are accepted (iree-turbine's torch-dialect exports are first lowered to (b) with IREE's
+own torch pipeline, `dispatchtune.ir.lowering`):
   (a) a dispatch benchmark dumped by `iree-compile --iree-hal-dump-executable-benchmarks-to=DIR
       --iree-codegen-add-tuner-attributes`, or a directory of them;
   (b) a model or function in MLIR with linalg ops, compiled with the target's flags.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatchtune.errors import InputError
+from dispatchtune.ir.lowering import lower_if_torch
 from dispatchtune.problem import OpKind, Problem
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
@@ -44,6 +46,7 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
         if not files:
             raise InputError(f"no .mlir files in directory {path}")
         return [p for f in files for p in load_problems(f, target)]
+    path = lower_if_torch(path)
     text = read_input(path)
 
     with ir.Context():

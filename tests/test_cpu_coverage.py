@@ -109,3 +109,29 @@ def test_unit_batch_conv_from_ir_is_refused(tmp_path: Path) -> None:
     assert problem.size("batch") == 1
     with pytest.raises(UnsupportedProblem, match="unit-batch"):
         enumerate_candidates(problem, HOST)
+
+
+def test_torch_dialect_export_is_lowered_once_and_tuned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatchtune.ir.lowering import lower_if_torch, scan_input
+
+    monkeypatch.setenv("DISPATCHTUNE_CACHE", str(tmp_path / "cache"))
+    source = FIXTURES / "torch_mm_f32.mlir"
+    assert scan_input(source)[1] and not scan_input(FIXTURES / "cpu_conv_nchw_f32.mlir")[1]
+    (problem,) = load_problems(source, HOST)
+    assert problem.kind == "contraction" and problem.gemm_shape == (1, 64, 48, 32)
+    lowered = lower_if_torch(source)
+    stamp = lowered.stat().st_mtime_ns
+    assert lower_if_torch(source) == lowered and lowered.stat().st_mtime_ns == stamp  # cached
+    assert "!torch" not in lowered.read_text()
+    assert len(enumerate_candidates(problem, HOST)) > 0
+
+
+def test_bad_torch_export_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCHTUNE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.mlir"
+    bad.write_text((FIXTURES / "torch_mm_f32.mlir").read_text().replace("[32,48]", "[31,48]", 1))
+    with pytest.raises(InputError) as info:
+        load_problems(bad, HOST)
+    assert "\n" not in str(info.value) and "torch" in str(info.value)
