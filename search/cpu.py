@@ -35,11 +35,14 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
 
-Known IREE limitation (3.13): for a convolution with a unit batch, the tuning spec matches (the
-matcher sees no batch loop) and sets the config on the 6-loop op, but llvm-cpu then re-expands
-the op to NHWC with a unit batch loop and the config is dropped: the default configuration is
-compiled. Configurations of such problems are enumerated but do not take effect; convolutions
-with batch > 1 are tuned normally (tests/test_search_compile.py checks both GPU and CPU).
+- LinalgExtTileAndVectorize (attention, as online_attention): distribution/vector tiles on the
+  innermost M loop and N, a K2 reduction tile; C4 holds for both Q x K^T and P x V. NCHW convs use
+  the conv knobs with C5 on the output width; depthwise convs put the channel knobs on the depth
+  loop (docs/search_space.md has the measurements).
+
+Known IREE limitation (3.13): a convolution with a unit batch (any layout) cannot be given a
+config by a spec (llvm-cpu re-expands the unit loop after the spec applies and drops it); such
+problems, grouped convolutions and pooling raise `UnsupportedProblem` before anything compiles.
 """
 
 from __future__ import annotations
