@@ -16,3 +16,11 @@ class InputError(DispatchTuneError):
 
 class TargetError(DispatchTuneError):
     """An unknown target name or a target this operation does not support."""
+
+
+class UnsupportedProblem(InputError):
+    """A root op IREE cannot be given a CPU configuration for (or one dispatchtune cannot model).
+
+    Raised by enumeration before anything is compiled, with one line naming the limit, so a
+    whole-model run can skip the dispatch and report why.
+    """

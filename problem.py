@@ -76,6 +76,8 @@ class Problem:
         operand_shapes: static shape of each operand, in the same order.
         indexing_maps: each operand's affine map as MLIR text, e.g. "(d0, d1, d2) -> (d0, d2)".
         strides, dilations: convolution only, one per output image dim.
+        mask_type, mask_map: attention only: the element type and affine map of its mask operand
+            ("" when it has none; IREE gives SDPA's boolean masks as i8 or i1).
         op_name: the MLIR op name as found (informational).
         name: where it came from (function or dispatch name), informational.
     """
@@ -88,6 +90,8 @@ class Problem:
     indexing_maps: tuple[str, ...]
     strides: tuple[int, ...] = ()
     dilations: tuple[int, ...] = ()
+    mask_type: str = ""
+    mask_map: str = ""
     op_name: str = "linalg.generic"
     name: str = field(default="", compare=False)
 
@@ -133,6 +137,14 @@ class Problem:
         return 2 * b * m * n * k
 
     @property
+    def mask_shape(self) -> tuple[int, ...]:
+        """Static shape of the attention mask (empty when there is none)."""
+        if not self.mask_map:
+            return ()
+        results = self.mask_map.split("->")[1].strip().strip("()")
+        return tuple(self.loop_sizes[int(d.strip()[1:])] for d in results.split(",") if d.strip())
+
+    @property
     def input_types(self) -> tuple[str, ...]:
         return self.element_types[:-1]
 
@@ -153,8 +165,10 @@ class Problem:
     @property
     def key(self) -> str:
         """Stable, readable identifier used as the problem id in logs and datasets."""
+        # The mask joins the digest only when present, so keys of unmasked problems never change.
+        mask = [self.mask_map, self.mask_type] if self.mask_map else []
         digest = hashlib.sha1(
-            "|".join([*self.indexing_maps, repr(self.strides), repr(self.dilations)]).encode()
+            "|".join([*self.indexing_maps, repr(self.strides), repr(self.dilations), *mask]).encode()
         ).hexdigest()[:8]
         shape = "x".join(str(s) for s in self.loop_sizes)
         return f"{self.kind}_{shape}_{'_'.join(self.element_types)}_{digest}"
@@ -184,6 +198,7 @@ class Problem:
             "dilations": list(self.dilations),
             "op_name": self.op_name,
             "name": self.name,
+            **({"mask_type": self.mask_type, "mask_map": self.mask_map} if self.mask_map else {}),
         }
 
     @classmethod
@@ -215,6 +230,8 @@ class Problem:
             indexing_maps=tuple(str(m) for m in maps),
             strides=ints(data.get("strides", [])),
             dilations=ints(data.get("dilations", [])),
+            mask_type=str(data.get("mask_type", "")),
+            mask_map=str(data.get("mask_map", "")),
             op_name=str(data.get("op_name", "linalg.generic")),
             name=str(data.get("name", "")),
         )
@@ -348,9 +365,20 @@ class Problem:
 
     @classmethod
     def attention(
-        cls, batch: int, m: int, n: int, k1: int, k2: int, element_type: str = "f16"
+        cls,
+        batch: int,
+        m: int,
+        n: int,
+        k1: int,
+        k2: int,
+        element_type: str = "f16",
+        *,
+        mask_type: str = "",
     ) -> Problem:
-        """softmax(Q K^T * scale) V with Q [b, m, k1], K [b, k2, k1], V [b, k2, n], O [b, m, n]."""
+        """softmax(Q K^T * scale) V with Q [b, m, k1], K [b, k2, k1], V [b, k2, n], O [b, m, n].
+
+        `mask_type` (e.g. "i1", as SDPA's boolean masks) adds a mask [b, m, k2].
+        """
         for size in (batch, m, n, k1, k2):
             _check_size(size)
         names = ["d0", "d1", "d2", "d3", "d4"]  # b, m, n, k1, k2
@@ -362,6 +390,8 @@ class Problem:
             element_types=(element_type,) * 4,
             operand_shapes=((batch, m, k1), (batch, k2, k1), (batch, k2, n), (batch, m, n)),
             indexing_maps=tuple(_map_text(names, e) for e in exprs),
+            mask_type=mask_type,
+            mask_map=_map_text(names, ["d0", "d1", "d4"]) if mask_type else "",
             op_name="iree_linalg_ext.attention",
         )
 
@@ -372,6 +402,9 @@ class Problem:
             _tensor_type(s, t) for s, t in zip(self.operand_shapes, self.element_types, strict=True)
         ]
         args = ", ".join(f"%arg{i}: {tensor[i]}" for i in range(len(tensor) - 1))
+        mask_t = _tensor_type(self.mask_shape, self.mask_type) if self.mask_map else ""
+        if mask_t:
+            args += f", %mask: {mask_t}"
         out_t = tensor[-1]
         maps = ", ".join(f"affine_map<{m}>" for m in self.indexing_maps)
         lines = [f"func.func @{func_name}({args}) -> {out_t} {{"]
@@ -385,9 +418,12 @@ class Problem:
                 f"  %empty = tensor.empty() : {out_t}",
                 "  %out = iree_linalg_ext.attention <{indexing_maps = ["
                 f"affine_map<{q}>, affine_map<{k}>, affine_map<{v}>, "
-                f"affine_map<{loop_dims} -> ()>, affine_map<{o}>]}}>",
-                f"      ins(%arg0, %arg1, %arg2, %scale : {tensor[0]}, {tensor[1]}, {tensor[2]}, "
-                f"{out_elem}) outs(%empty : {out_t}) {{",
+                f"affine_map<{loop_dims} -> ()>, "
+                + (f"affine_map<{self.mask_map}>, " if mask_t else "")
+                + f"affine_map<{o}>]}}>",
+                f"      ins(%arg0, %arg1, %arg2, %scale{', %mask' if mask_t else ''} : "
+                f"{tensor[0]}, {tensor[1]}, {tensor[2]}, {out_elem}{', ' + mask_t if mask_t else ''}) "
+                f"outs(%empty : {out_t}) {{",
                 "    ^bb0(%score: f32):",
                 "      iree_linalg_ext.yield %score : f32",
                 f"  }} -> {out_t}",

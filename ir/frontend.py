@@ -1,6 +1,7 @@
 """Front end: find the tunable root ops in real IREE input and describe each as a `Problem`.
 
-Two inputs are accepted:
+Two inputs are accepted (iree-turbine's torch-dialect exports are first lowered to (b) with IREE's
+own torch pipeline, `dispatchtune.ir.lowering`):
   (a) a dispatch benchmark dumped by `iree-compile --iree-hal-dump-executable-benchmarks-to=DIR
       --iree-codegen-add-tuner-attributes`, or a directory of them;
   (b) a model or function in MLIR with linalg ops, compiled with the target's flags.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dispatchtune.errors import InputError
+from dispatchtune.ir.lowering import lower_if_torch
 from dispatchtune.problem import OpKind, Problem
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
@@ -44,6 +46,7 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
         if not files:
             raise InputError(f"no .mlir files in directory {path}")
         return [p for f in files for p in load_problems(f, target)]
+    path = lower_if_torch(path)
     text = read_input(path)
 
     with ir.Context():
@@ -206,7 +209,11 @@ def _describe(op: Any, path: Path) -> Problem | None:
     if name in _ATTENTION_OPS:
         kind = "attention"
         maps = [attr.value for attr in op.attributes["indexing_maps"]]
-        q, k, v, o = maps[0], maps[1], maps[2], maps[4]
+        # ins are Q, K, V, scale and an optional mask; the output's map follows the ins' maps
+        # (online_attention adds its max and sum outputs after it).
+        n_ins = len(op.operands) - len(op.results)
+        q, k, v, o = maps[0], maps[1], maps[2], maps[n_ins]
+        mask = (str(maps[4]), _static_shape(op.operands[4], name, path)[1]) if n_ins == 5 else None
         detail = iree_codegen.get_attention_op_detail(q, k, v, o)
         dims = {
             "batch": detail.batch_dims,
@@ -227,6 +234,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
         values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
         n_loops = operand_maps[0].n_dims
         extra = {}
+        mask = None
     elif linalg.isa_convolution_op(op):
         kind = "convolution"
         cdims = linalg.infer_convolution_dimensions(op)
@@ -242,6 +250,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
         values = [*list(op.operands)[: len(operand_maps) - 1], op.results[0]]
         n_loops = operand_maps[0].n_dims
         extra = {"strides": tuple(cdims.strides), "dilations": tuple(cdims.dilations)}
+        mask = None
     else:
         return None
 
@@ -256,6 +265,8 @@ def _describe(op: Any, path: Path) -> Problem | None:
         indexing_maps=tuple(str(m) for m in operand_maps),
         strides=extra.get("strides", ()),
         dilations=extra.get("dilations", ()),
+        mask_map=mask[0] if mask else "",
+        mask_type=mask[1] if mask else "",
         op_name=name,
         name=_function_name(op),
     )

@@ -41,6 +41,8 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
     names = [matcher_name(p) for p, _ in entries]
     if len(set(names)) != len(names):
         raise DispatchTuneError("a tuning spec can hold one configuration per problem")
+    # Attention gets a second matcher for its online form (what llvm-cpu's matcher sees).
+    online = [(p, c, f"{matcher_name(p)}_online") for p, c in entries if p.kind == "attention"]
     with ir.Context(), ir.Location.unknown():
         module = ir.Module.create()
         # The default-entrypoint format demands a `foreach_match`; a spec that configures nothing
@@ -67,6 +69,11 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                         ) from None
                     param = transform.ParamConstantOp(any_param, attr)
                     transform.YieldOp([matcher.bodyTarget, param.result])
+            for problem, config, name in online:
+                text = _online_attention_matcher(problem, config, name)
+                parsed = ir.Module.parse(text)
+                parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(module.body))
+            names += [name for _, _, name in online]
             entry = transform.NamedSequenceOp(
                 "__kernel_config",
                 [any_op],
@@ -131,6 +138,55 @@ def _emit_match(problem: Problem, handle: Any) -> None:
         expected = [problem.sizes(c) for c in DIM_CLASSES["attention"]]
     for value, sizes in zip(dims, expected, strict=True):
         pt.MatchDimsEqualOp(value, list(sizes))
+
+
+def _online_attention_matcher(problem: Problem, config: str, name: str) -> str:
+    """A DAG matcher for the `online_attention` form of an attention problem, as MLIR text.
+
+    llvm-cpu converts attention to `iree_linalg_ext.online_attention` before tuning specs are
+    applied, and `transform.iree.match.attention` matches only the original op (measured with IREE
+    3.13: its config is silently not applied), so the op is matched structurally instead: exact
+    operand types, indexing maps and the running max/sum outputs that the conversion adds.
+    """
+    q_t, k_t, v_t, o_t = (
+        f"tensor<{'x'.join(map(str, s))}x{t}>"
+        for s, t in zip(problem.operand_shapes, problem.element_types, strict=True)
+    )
+    domain = problem.indexing_maps[3].split("->")[0].strip()
+    out_dims = [d.strip() for d in problem.indexing_maps[3].split("->")[1].strip(" ()").split(",")]
+    n_dims = {f"d{i}" for i in problem.loops("n")}
+    row_dims = [d for d in out_dims if d not in n_dims]
+    row_t = f"tensor<{'x'.join(str(problem.loop_sizes[int(d[1:])]) for d in row_dims)}x{problem.output_type}>"
+    row_map = f"{domain} -> ({', '.join(row_dims)})"
+    scale_t, acc_t = problem.input_types[0], problem.output_type
+    mask_t = (
+        f"tensor<{'x'.join(map(str, problem.mask_shape))}x{problem.mask_type}>"
+        if problem.mask_map else ""
+    )
+    q, k, v, o = problem.indexing_maps
+    maps = [q, k, v, f"{domain} -> ()", *([problem.mask_map] if mask_t else []), o, row_map, row_map]
+    ins = ["%q", "%k", "%v", "%s", *(["%mask"] if mask_t else [])]
+    in_types = [q_t, k_t, v_t, scale_t, *([mask_t] if mask_t else [])]
+    block_args = ", ".join(
+        f"{n}: {t}" for n, t in zip([*ins, "%o", "%m", "%l"], [*in_types, o_t, row_t, row_t],
+                                    strict=True)
+    )
+    return f"""module attributes {{transform.with_named_sequence}} {{
+  transform.named_sequence @{name}(%op: !transform.any_op {{transform.readonly}})
+      -> (!transform.any_op, !transform.any_param) {{
+    %ins, %outs = transform.iree.match.cast_compatible_dag_from_root %op {{
+    ^bb0({block_args}):
+      %r:3 = iree_linalg_ext.online_attention <indexing_maps = [{
+          ", ".join(f"affine_map<{m}>" for m in maps)}]>
+          ins({", ".join(ins)} : {", ".join(in_types)}) outs(%o, %m, %l : {o_t}, {row_t}, {row_t}) {{
+      ^bb0(%score: {acc_t}):
+        iree_linalg_ext.yield %score : {acc_t}
+      }} -> {o_t}, {row_t}, {row_t}
+    }} : (!transform.any_op) -> (!transform.any_value, !transform.any_value)
+    %config = transform.param.constant {config} -> !transform.any_param
+    transform.yield %op, %config : !transform.any_op, !transform.any_param
+  }}
+}}"""
 
 
 def merge_specs(specs: Sequence[str]) -> str:

@@ -35,11 +35,14 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
 
-Known IREE limitation (3.13): for a convolution with a unit batch, the tuning spec matches (the
-matcher sees no batch loop) and sets the config on the 6-loop op, but llvm-cpu then re-expands
-the op to NHWC with a unit batch loop and the config is dropped: the default configuration is
-compiled. Configurations of such problems are enumerated but do not take effect; convolutions
-with batch > 1 are tuned normally (tests/test_search_compile.py checks both GPU and CPU).
+- LinalgExtTileAndVectorize (attention, as online_attention): distribution/vector tiles on the
+  innermost M loop and N, a K2 reduction tile; C4 holds for both Q x K^T and P x V. NCHW convs use
+  the conv knobs with C5 on the output width; depthwise convs put the channel knobs on the depth
+  loop (docs/search_space.md has the measurements).
+
+Known IREE limitation (3.13): a convolution with a unit batch (any layout) cannot be given a
+config by a spec (llvm-cpu re-expands the unit loop after the spec applies and drops it); such
+problems, grouped convolutions and pooling raise `UnsupportedProblem` before anything compiles.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
 from dispatchtune.problem import Problem, element_bytes
 from dispatchtune.search.engine import ConstraintSystem
 from dispatchtune.search.space import CPU_PIPELINES, CandidateSet, finish_table
@@ -104,12 +107,12 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         pipeline = "DoubleTilingExpert"
         for cls in ("m", "n", "k"):
             if len(problem.loops(cls)) != 1:
-                raise DispatchTuneError(
+                raise UnsupportedProblem(
                     f"CPU search supports contractions with one {cls.upper()} loop; "
                     f"this one has {len(problem.loops(cls))}"
                 )
         if len(problem.loops("batch")) > 1:
-            raise DispatchTuneError("CPU search supports at most one batch loop")
+            raise UnsupportedProblem("CPU search supports contractions with at most one batch loop")
         b, m, n, k = problem.gemm_shape
         db, dm, dn, vm, vn, rk = z3.Ints("dist_b dist_m dist_n vec_m vec_n red_k")
         for size, var, name in ((b, db, "B"), (m, dm, "M"), (n, dn, "N")):
@@ -130,43 +133,10 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         loop_of[problem.loops("k")[0]] = (0, 0, "red_k")
     elif problem.kind == "convolution":
         pipeline = "ConvTileAndDecomposeExpert"
-        shape = {c: len(problem.loops(c)) for c in problem.dims}
-        if (
-            shape.get("batch", 0) > 1 or shape.get("output_image") != 2
-            or shape.get("output_channel") != 1 or shape.get("filter_loop") != 2
-            or shape.get("input_channel") != 1 or shape.get("depth", 0) != 0
-        ):
-            raise DispatchTuneError("CPU search supports 2-D convolutions (NHWC/HWCF) only")
-        nb = problem.size("batch")
-        oh, ow = problem.sizes("output_image")
-        oc, ic = problem.size("output_channel"), problem.size("input_channel")
-        dnb, doh, dow, doc, vow, voc, ric = z3.Ints(
-            "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic"
-        )
-        for size, var, name in ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")):
-            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
-        add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
-        add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
-        add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
-        add(vow * voc * ric * acc < max_vector, "C4 vector op under IREE's size limit")
-        add(_native_width(z3, voc, oc, acc, width), "C5 vec_oc fills native vectors")
-        add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
-        add(
-            dnb * doh * dow * doc * cores <= nb * oh * ow * oc,
-            "C7 at least one workgroup per core",
-        )
-        variables = ("dist_n", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic")
-        loh, low = problem.loops("output_image")
-        (loc,) = problem.loops("output_channel")
-        lkh, lkw = problem.loops("filter_loop")
-        (lic,) = problem.loops("input_channel")
-        loop_of = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}  # unit batch: no loop
-        loop_of |= {
-            loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
-            loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, 1), lic: (0, 0, "red_ic"),
-        }
+        loop_of, variables = _convolution(z3, problem, add, acc, width, registers, cores, max_vector)
     else:
-        raise DispatchTuneError("CPU search supports contractions and convolutions, not attention")
+        pipeline = "LinalgExtTileAndVectorize"
+        loop_of, variables = _attention(z3, problem, add, acc, width, registers, cores, max_vector)
     loops = tuple(loop_of[i] for i in range(len(problem.loop_sizes)))
 
     return CpuModel(
@@ -176,6 +146,129 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
         reasons=tuple(r for _, r in asserts),
         loops=loops,
     )
+
+
+Loop = tuple[int | str, int | str, int | str]
+
+
+def _convolution(
+    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
+    max_vector: int,
+) -> tuple[dict[int, Loop], tuple[str, ...]]:
+    """2-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW) and depthwise ones.
+
+    The channel loop is the output channel, or the depth (group) loop of a depthwise conv; C5
+    applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW).
+    """
+    shape = {c: len(problem.loops(c)) for c in problem.dims}
+    if problem.size("batch") == 1:
+        raise UnsupportedProblem(
+            "IREE 3.13 llvm-cpu drops tuning-spec configs of unit-batch convolutions (the op is "
+            "re-expanded with a batch loop after the spec applies); only batch >= 2 is tunable"
+        )
+    depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
+        "input_channel"
+    )
+    regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and shape.get(
+        "input_channel"
+    ) == 1
+    if shape.get("batch") != 1 or shape.get("output_image") != 2 or shape.get("filter_loop") != 2:
+        raise UnsupportedProblem(
+            "CPU search supports 2-D convolutions with one batch loop (not pooling or 1-D/3-D)"
+        )
+    if not (regular or depthwise):
+        raise UnsupportedProblem(
+            "CPU search supports regular and depthwise 2-D convolutions, not grouped ones"
+        )
+    channel_class = "depth" if depthwise else "output_channel"
+    nb = problem.size("batch")
+    oh, ow = problem.sizes("output_image")
+    oc = problem.size(channel_class)
+    kw = problem.sizes("filter_loop")[1]
+    ic = problem.size("input_channel")
+    dnb, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
+        "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
+    )
+    for size, var, name in ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")):
+        add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+    add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
+    add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
+    if depthwise:
+        # IREE's own depthwise configs reduce the whole filter row at once; 1 compiles too.
+        add(z3.And(rkw >= 1, rkw <= kw, z3.Or(rkw == 1, rkw == kw)), "conv depthwise KW tile is 1 or KW")
+        add(ric == 1, "conv depthwise has no input-channel loop")
+        reduction = rkw
+    else:
+        add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
+        reduction = ric
+    add(vow * voc * reduction * acc < max_vector, "C4 vector op under IREE's size limit")
+    (out_last,) = _last_output_loop(problem)
+    if out_last in problem.loops(channel_class):
+        add(_native_width(z3, voc, oc, acc, width), "C5 vec_oc fills native vectors")
+    else:
+        add(_native_width(z3, vow, ow, acc, width), "C5 vec_ow fills native vectors")
+    add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
+    add(dnb * doh * dow * doc * cores <= nb * oh * ow * oc, "C7 at least one workgroup per core")
+    variables: tuple[str, ...] = ("dist_n", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic")
+    variables += ("red_kw",) if depthwise else ()
+    loh, low = problem.loops("output_image")
+    (loc,) = problem.loops(channel_class)
+    lkh, lkw = problem.loops("filter_loop")
+    loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
+    loop_of |= {
+        loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
+        loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, "red_kw" if depthwise else 1),
+    }
+    loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}
+    return loop_of, variables
+
+
+def _last_output_loop(problem: Problem) -> tuple[int]:
+    """The loop indexing the innermost (contiguous) dimension of the output."""
+    last = problem.indexing_maps[-1].split("->")[1].strip(" ()").split(",")[-1].strip()
+    return (int(last[1:]),)
+
+
+def _attention(
+    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
+    max_vector: int,
+) -> tuple[dict[int, Loop], tuple[str, ...]]:
+    """IREE's CPU attention (online_attention under LinalgExtTileAndVectorize).
+
+    Knobs as IREE's own config: distribution and vector tiles on the innermost M loop and on N
+    (the value head dim), a K2 (key sequence) reduction tile; batch and outer M loops are
+    distributed one at a time and K1 (the query/key head dim) is never tiled.
+    """
+    for cls in ("n", "k2"):
+        if len(problem.loops(cls)) != 1:
+            raise UnsupportedProblem(
+                f"CPU search supports attention with one {cls.upper()} loop; "
+                f"this one has {len(problem.loops(cls))}"
+            )
+    if not problem.loops("m"):
+        raise UnsupportedProblem("CPU search supports attention with at least one M loop")
+    m_last = problem.loops("m")[-1]
+    m, n = problem.loop_sizes[m_last], problem.size("n")
+    k1, k2 = problem.size("k1"), problem.size("k2")
+    outer = problem.size("batch") * problem.size("m") // m
+    dm, dn, vm, vn, rk2 = z3.Ints("dist_m dist_n vec_m vec_n red_k2")
+    add(_divisible(z3, m, dm), "C1 distribution tile divides M")
+    add(_divisible(z3, n, dn), "C1 distribution tile divides N")
+    add(z3.And(vm >= 1, dm % vm == 0), "C2 vec_m divides dist_m")
+    add(z3.And(vn >= 1, dn % vn == 0), "C2 vec_n divides dist_n")
+    add(_divisible(z3, k2, rk2), "C3 reduction tile divides K2")
+    add(vm * rk2 * k1 * acc < max_vector, "C4 Q x K^T vector op under IREE's size limit")
+    add(vm * vn * rk2 * acc < max_vector, "C4 P x V vector op under IREE's size limit")
+    add(_native_width(z3, vn, n, acc, width), "C5 vec_n fills native vectors")
+    add(vm * vn * acc <= registers * width, "C6 accumulator tile fits the registers")
+    add(dm * dn * cores <= outer * m * n, "C7 at least one workgroup per core")
+    loop_of: dict[int, Loop] = {i: (1, 1, 0) for i in problem.loops("batch")}
+    loop_of |= {i: (1, 1, 0) for i in problem.loops("m")}
+    loop_of[m_last] = ("dist_m", "vec_m", 0)
+    loop_of[problem.loops("n")[0]] = ("dist_n", "vec_n", 0)
+    loop_of |= {i: (0, 0, 0) for i in problem.loops("k1")}
+    loop_of[problem.loops("k2")[0]] = (0, 0, "red_k2")
+    return loop_of, ("dist_m", "dist_n", "vec_m", "vec_n", "red_k2")
 
 
 _LISTS = ("distribution", "vector_common_parallel", "vector_reduction")
@@ -199,6 +292,20 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
             tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_k"),
             vec_m=value("vec_m"), vec_n=value("vec_n"),
         )
+    elif model.pipeline == "LinalgExtTileAndVectorize":
+        # GEMM view of attention is Q x K^T (M = m, N = k2, K = k1): a workgroup owns whole
+        # rows of it, the K2 reduction tile is its register tile's width.
+        tile_b = np.ones(rows, dtype=np.int64)
+        tile_m, tile_n = value("dist_m"), np.full(rows, n, dtype=np.int64)
+        columns.update(
+            tile_b=tile_b, tile_m=tile_m, tile_n=tile_n,
+            tile_k=np.full(rows, problem.size("k1"), dtype=np.int64),
+            vec_m=value("vec_m"), vec_n=value("red_k2"),
+        )
+        m_last = problem.loop_sizes[problem.loops("m")[-1]]
+        columns["workgroups"] = (b * m // m_last) * (m_last // tile_m) * (
+            problem.size("n") // value("dist_n")
+        )
     else:
         tile_b = np.ones(rows, dtype=np.int64)
         tile_m = value("dist_n") * value("dist_oh") * value("dist_ow")
@@ -208,7 +315,8 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
             vec_m=value("vec_ow"), vec_n=value("vec_oc"), tile_oh=value("dist_oh"),
             tile_ow=value("dist_ow"), vec_ow=value("vec_ow"),
         )
-    columns["workgroups"] = (max(b, 1) // tile_b) * (m // tile_m) * (n // tile_n)
+    if "workgroups" not in columns:
+        columns["workgroups"] = (max(b, 1) // tile_b) * (m // tile_m) * (n // tile_n)
     for list_index, list_name in enumerate(_LISTS):
         for loop, entries in enumerate(model.loops):
             columns[f"knob_{list_name}_{loop}"] = value(entries[list_index])

@@ -69,7 +69,7 @@ COLUMNS: tuple[str, ...] = (
     "vec_ow",
 )
 STRING_COLUMNS = ("pipeline", "intrinsic")
-CPU_PIPELINES = ("DoubleTilingExpert", "ConvTileAndDecomposeExpert")
+CPU_PIPELINES = ("DoubleTilingExpert", "ConvTileAndDecomposeExpert", "LinalgExtTileAndVectorize")
 GPU_PIPELINES = ("TileAndFuse", "VectorDistribute")
 
 

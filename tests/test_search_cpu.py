@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 import z3
 
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
 from dispatchtune.problem import Problem
 from dispatchtune.search import enumerate_candidates
 from dispatchtune.search.cpu import cpu_model
@@ -178,8 +178,8 @@ def test_vector_size_constraint_is_the_compiler_limit(
 
 
 def test_unsupported_cpu_inputs_are_one_line_errors() -> None:
-    with pytest.raises(DispatchTuneError, match="not attention"):
-        enumerate_candidates(Problem.attention(1, 64, 64, 64, 64), HOST)
+    with pytest.raises(UnsupportedProblem, match="unit-batch convolutions"):
+        enumerate_candidates(Problem.conv2d_nhwc_hwcf(1, 8, 8, 16, 16, 3, 3), HOST)
     with pytest.raises(DispatchTuneError, match="use DoubleTilingExpert"):
         enumerate_candidates(
             Problem.matmul(64, 64, 64), HOST, pipeline="ConvTileAndDecomposeExpert"

@@ -1,0 +1,137 @@
+"""CPU coverage of the op kinds real exported models contain: SDPA attention (masked or not),
+depthwise and NCHW convolutions enumerate, rank with finite scores and compile on llvm-cpu with the
+requested configuration applied; what IREE cannot configure is refused in one line, before compiling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dispatchtune import Problem, load_problems, rank
+from dispatchtune.errors import InputError, UnsupportedProblem
+from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, write_spec
+from dispatchtune.search import enumerate_candidates
+from dispatchtune.targets import get_target
+from dispatchtune.toolchain import run_tool
+
+FIXTURES = Path(__file__).parent / "fixtures"
+HOST = get_target("host")
+
+
+def _problem_file(tmp_path: Path, problem: Problem) -> Path:
+    path = tmp_path / "op.mlir"
+    path.write_text(problem.to_mlir())
+    return path
+
+
+def _check_applies_and_compiles(path: Path, tmp_path: Path, expected_pipeline: str) -> None:
+    """Two candidates (heuristic first and last): each applied exactly, the first compiles."""
+    (problem,) = load_problems(path, HOST)
+    candidates = enumerate_candidates(problem, HOST)
+    assert len(candidates) > 0
+    assert set(candidates.table["pipeline"].astype(str)) == {expected_pipeline}
+    ordered = rank(candidates, order="heuristic")
+    assert np.isfinite(ordered["score"].to_numpy(dtype=float)).all()
+    rows = [int(ordered.candidate_id.iloc[0]), int(ordered.candidate_id.iloc[-1])]
+    for i, row in enumerate(rows):
+        info = candidates.compilation_info(row)
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{i}.mlir")
+        applied = applied_configs(path, HOST, spec)
+        assert any(config_applied(info, got) for got in applied), (info, applied)
+    flag = f"{HOST.tuning_spec_flag}={tmp_path / 'spec0.mlir'}"
+    args = [str(path), *HOST.compile_flags, flag, "-o", str(tmp_path / "op.vmfb")]
+    proc = run_tool("iree-compile", args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_attention_with_mask_applies_and_compiles(tmp_path: Path) -> None:
+    problem = Problem.attention(2, 64, 32, 32, 64, "f32", mask_type="i1")
+    _check_applies_and_compiles(_problem_file(tmp_path, problem), tmp_path,
+                                "LinalgExtTileAndVectorize")
+
+
+def test_attention_without_mask_applies(tmp_path: Path) -> None:
+    path = _problem_file(tmp_path, Problem.attention(2, 64, 32, 32, 64, "f32"))
+    (problem,) = load_problems(path, HOST)
+    assert problem.op_name == "iree_linalg_ext.online_attention" and not problem.mask_map
+    info = enumerate_candidates(problem, HOST).compilation_info(0)
+    spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
+    assert any(config_applied(info, got) for got in applied_configs(path, HOST, spec))
+
+
+def test_depthwise_conv_applies_and_compiles(tmp_path: Path) -> None:
+    _check_applies_and_compiles(FIXTURES / "cpu_depthwise_nhwc_f32.mlir", tmp_path,
+                                "ConvTileAndDecomposeExpert")
+
+
+def test_nchw_conv_applies_and_compiles(tmp_path: Path) -> None:
+    _check_applies_and_compiles(FIXTURES / "cpu_conv_nchw_f32.mlir", tmp_path,
+                                "ConvTileAndDecomposeExpert")
+
+
+def test_attention_vector_limit_holds_for_both_products() -> None:
+    """C4 on Q x K^T (vec_m x red_k2 x K1) and P x V (vec_m x vec_n x red_k2)."""
+    problem = Problem.attention(4, 128, 64, 64, 128, "f32")
+    table = enumerate_candidates(problem, HOST).table
+    limit = HOST.cpu_facts().max_vector_bytes // 4
+    assert int((table["vec_m"] * table["vec_n"] * 64).max()) < limit  # vec_n is red_k2 here
+
+
+def test_masked_problem_round_trips_and_keeps_unmasked_keys() -> None:
+    masked = Problem.attention(2, 64, 32, 32, 64, "f32", mask_type="i1")
+    assert Problem.from_dict(masked.to_dict()) == masked
+    assert masked.mask_shape == (2, 64, 64)
+    plain = Problem.attention(2, 64, 32, 32, 64, "f32")
+    assert "mask_map" not in plain.to_dict() and plain.key != masked.key
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (Problem.conv2d_nhwc_hwcf(1, 8, 8, 16, 16, 3, 3), "unit-batch convolutions"),
+    ],
+)
+def test_unsupported_problems_are_refused_in_one_line(problem: Problem, message: str) -> None:
+    with pytest.raises(UnsupportedProblem, match=message) as info:
+        enumerate_candidates(problem, HOST)
+    assert isinstance(info.value, InputError) and "\n" not in str(info.value)
+
+
+def test_unit_batch_conv_from_ir_is_refused(tmp_path: Path) -> None:
+    source = (FIXTURES / "cpu_conv_nchw_f32.mlir").read_text()
+    for shape in ("16x18x18", "32x16x16"):
+        source = source.replace(f"tensor<2x{shape}", f"tensor<1x{shape}")
+    path = tmp_path / "conv_b1.mlir"
+    path.write_text(source)
+    (problem,) = load_problems(path, HOST)
+    assert problem.size("batch") == 1
+    with pytest.raises(UnsupportedProblem, match="unit-batch"):
+        enumerate_candidates(problem, HOST)
+
+
+def test_torch_dialect_export_is_lowered_once_and_tuned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dispatchtune.ir.lowering import lower_if_torch, scan_input
+
+    monkeypatch.setenv("DISPATCHTUNE_CACHE", str(tmp_path / "cache"))
+    source = FIXTURES / "torch_mm_f32.mlir"
+    assert scan_input(source)[1] and not scan_input(FIXTURES / "cpu_conv_nchw_f32.mlir")[1]
+    (problem,) = load_problems(source, HOST)
+    assert problem.kind == "contraction" and problem.gemm_shape == (1, 64, 48, 32)
+    lowered = lower_if_torch(source)
+    stamp = lowered.stat().st_mtime_ns
+    assert lower_if_torch(source) == lowered and lowered.stat().st_mtime_ns == stamp  # cached
+    assert "!torch" not in lowered.read_text()
+    assert len(enumerate_candidates(problem, HOST)) > 0
+
+
+def test_bad_torch_export_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPATCHTUNE_CACHE", str(tmp_path / "cache"))
+    bad = tmp_path / "bad.mlir"
+    bad.write_text((FIXTURES / "torch_mm_f32.mlir").read_text().replace("[32,48]", "[31,48]", 1))
+    with pytest.raises(InputError) as info:
+        load_problems(bad, HOST)
+    assert "\n" not in str(info.value) and "torch" in str(info.value)
