@@ -41,6 +41,7 @@ class GpuSpace:
     workgroup: tuple[Entry, ...]  # per loop of the op's loop space
     reduction: tuple[Entry, ...]
     subgroup_counts: tuple[Entry, ...]  # VectorDistribute subgroup_basis counts (else empty)
+    subgroup: tuple[Entry, ...]  # TileAndFuse per-subgroup tiles (innermost M/N in intrinsics)
     classes: Mapping[str, tuple[int, ...]]  # "b"/"m"/"n"/"k" -> loop positions
     loop_bounds: tuple[int, ...]
     intrinsics: tuple[str, ...]  # options of the mma_idx knob, e.g. "MFMA_F32_16x16x16_F16"
@@ -147,6 +148,9 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     workgroup = _entries(template["workgroup"])
     reduction = _entries(template["reduction"])
     counts: tuple[Entry, ...] = ()
+    subgroup: tuple[Entry, ...] = ()
+    if "subgroup" in template:
+        subgroup = _entries(template["subgroup"])
     if "subgroup_basis" in template:
         counts = _entries(ir.ArrayAttr(template["subgroup_basis"])[0])
     intrinsics: list[str] = []
@@ -215,7 +219,7 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
         )
     return GpuSpace(
         index=index, pipeline=pipeline, smtlib=smtlib, knobs=tuple(knobs), workgroup=workgroup,
-        reduction=reduction, subgroup_counts=counts, classes=classes, loop_bounds=bounds,
+        reduction=reduction, subgroup_counts=counts, subgroup=subgroup, classes=classes, loop_bounds=bounds,
         intrinsics=tuple(intrinsics), mma_shapes=tuple(shapes), igemm=igemm or igemm_fixed,
         image_loops=image_loops, fixed=fixed,
     )
@@ -314,8 +318,17 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
     tile_m = tile(space.workgroup, space.classes["m"], None)
     tile_n = tile(space.workgroup, space.classes["n"], None)
     tile_k = tile(space.reduction, space.classes["k"], k_scale)
-    sub_m = value("sg_m_cnt") if "sg_m_cnt" in cols else np.ones(rows, dtype=np.int64)
-    sub_n = value("sg_n_cnt") if "sg_n_cnt" in cols else np.ones(rows, dtype=np.int64)
+    if space.subgroup:
+        # TileAndFuse states per-subgroup tiles; the innermost M/N loop counts in intrinsics.
+        vec_m = _subgroup_tile(space.subgroup, space.classes["m"], mma[:, 0], value, rows)
+        vec_n = _subgroup_tile(space.subgroup, space.classes["n"], mma[:, 1], value, rows)
+        sub_m = np.maximum(tile_m // np.maximum(vec_m, 1), 1)
+        sub_n = np.maximum(tile_n // np.maximum(vec_n, 1), 1)
+    else:
+        sub_m = value("sg_m_cnt") if "sg_m_cnt" in cols else np.ones(rows, dtype=np.int64)
+        sub_n = value("sg_n_cnt") if "sg_n_cnt" in cols else np.ones(rows, dtype=np.int64)
+        vec_m = tile_m // np.maximum(sub_m, 1)
+        vec_n = tile_n // np.maximum(sub_n, 1)
     size_b = math.prod(bounds[i] for i in space.classes["b"])
     size_m = math.prod(bounds[i] for i in space.classes["m"])
     size_n = math.prod(bounds[i] for i in space.classes["n"])
@@ -335,7 +348,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "pipeline": np.full(rows, space.pipeline, dtype=object),
         "space": np.full(rows, space.index, dtype=np.int64),
         "tile_b": tile_b, "tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k,
-        "vec_m": tile_m // np.maximum(sub_m, 1), "vec_n": tile_n // np.maximum(sub_n, 1),
+        "vec_m": vec_m, "vec_n": vec_n,
         "workgroups": (size_b // np.maximum(tile_b, 1))
         * -(-size_m // tile_m)
         * -(-size_n // tile_n),
@@ -350,6 +363,23 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
     for knob in space.knobs:
         columns[f"knob_{knob}"] = value(knob)
     return finish_table(columns, rows)
+
+
+def _subgroup_tile(
+    entries: tuple[Entry, ...],
+    loops: tuple[int, ...],
+    intrinsic: np.ndarray,
+    value: Any,
+    rows: int,
+) -> np.ndarray:
+    """Elements of one subgroup's tile over a class of loops (TileAndFuse `subgroup` entries)."""
+    out = np.ones(rows, dtype=np.int64)
+    for position, loop in enumerate(loops):
+        size = np.maximum(value(entries[loop]), 1)
+        if position == len(loops) - 1:
+            size = size * intrinsic  # the innermost loop is distributed in intrinsic tiles
+        out *= size
+    return out
 
 
 WAVES_PER_EU = "waves_per_eu"

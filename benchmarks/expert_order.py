@@ -1,0 +1,239 @@
+"""Where do expert-tuned gfx942 configurations land in a candidate order?
+
+For every matcher of every tuning spec in a directory (see `dispatchtune.datasets.expert_specs`),
+rebuild the dispatch, enumerate its gfx942 space, find the expert configuration by meaning
+(pipeline, intrinsic, workgroup tiles, K tile, subgroup counts, workgroup threads) and report its
+position in each order: the expected position over tie-breaks (1 + candidates scored higher +
+half the other candidates scored equal), position / N, or which attribute leaves it out of the
+space. Enumerations are cached (pickled candidate tables) in --cache.
+
+Usage:
+  python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
+      [--orders heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
+Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from dispatchtune.datasets.expert_specs import ExpertEntry, expert_columns, load_spec_dir
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem
+from dispatchtune.targets import get_target
+
+TARGET = "gfx942"
+#: Attributes checked in this order when an expert configuration is not in the space.
+MATCH_COLUMNS = (
+    "pipeline", "intrinsic", "tile_b", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n",
+    "workgroup_threads",
+)
+Scorer = Callable[[Problem, pd.DataFrame], np.ndarray]
+
+
+def heuristic_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+    from dispatchtune.costmodel.heuristic import HeuristicModel
+    from dispatchtune.features import extract_features
+
+    return HeuristicModel().predict(extract_features(problem, get_target(TARGET), table))
+
+
+def random_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+    return np.zeros(len(table))  # all tied: the expected position is (N + 1) / 2
+
+
+SCORERS: dict[str, Scorer] = {"heuristic": heuristic_scores, "random": random_scores}
+
+
+def candidate_table(problem: Problem, cache: Path) -> pd.DataFrame:
+    """The gfx942 candidate table of a problem (cached: enumeration compiles and solves)."""
+    from dispatchtune.search import enumerate_candidates
+
+    path = cache / f"{problem.key}.pkl"
+    if path.exists():
+        with path.open("rb") as f:
+            table: pd.DataFrame = pickle.load(f)  # our own cache, written below
+        return table
+    table = enumerate_candidates(problem, get_target(TARGET)).table
+    cache.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        pickle.dump(table, f)
+    return table
+
+
+def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.ndarray, str]:
+    """Rows equal to the expert configuration, and (if none) the first attribute that fails."""
+    mask = np.ones(len(table), dtype=bool)
+    for column in MATCH_COLUMNS:
+        narrowed = mask & (table[column].to_numpy() == expert[column])
+        if not narrowed.any():
+            near = sorted({v for v in table.loc[mask, column].tolist()}, key=str)[:8]
+            return narrowed, f"{column}={expert[column]} (space has {near})"
+        mask = narrowed
+    return mask, ""
+
+
+def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
+    """Expected 1-based position of the best-scored expert-equivalent row over tie-breaks."""
+    best = scores[mask].max()
+    higher = int((scores > best).sum())
+    tied_others = int((scores == best).sum()) - 1
+    return 1.0 + higher + tied_others / 2.0
+
+
+def measure(
+    entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path
+) -> pd.DataFrame:
+    rows = []
+    for entry in entries:
+        row: dict[str, object] = {"file": entry.file, "matcher": entry.matcher}
+        if not entry.usable or entry.problem is None or entry.config is None:
+            rows.append({**row, "status": f"skipped: {entry.skipped}"})
+            continue
+        problem = entry.problem
+        row.update(kind=problem.kind, problem=problem.describe(), syntax=entry.config.syntax)
+        if entry.notes:
+            row["notes"] = "; ".join(entry.notes)
+        expert = expert_columns(entry)
+        row.update({f"expert_{k}": v for k, v in expert.items()})
+        try:
+            table = candidate_table(problem, cache)
+        except DispatchTuneError as exc:
+            rows.append({**row, "status": f"no space: {exc}"})
+            continue
+        mask, excluded_by = expert_mask(table, expert)
+        row["n"] = len(table)
+        if not mask.any():
+            rows.append({**row, "status": "not in space", "excluded_by": excluded_by})
+            continue
+        row["status"] = "in space"
+        for order in orders:
+            scores = SCORERS[order](problem, table)
+            position = expected_position(scores, mask)
+            row[f"{order}_position"] = position
+            row[f"{order}_fraction"] = position / len(table)
+        rows.append(row)
+        print(f"{entry.file[:28]:28s} {entry.matcher[:44]:44s} N={len(table):6d} "
+              + " ".join(f"{o}={row.get(f'{o}_fraction', float('nan')):.3f}" for o in orders),
+              file=sys.stderr)
+    return pd.DataFrame(rows)
+
+
+def summary(frame: pd.DataFrame, orders: Sequence[str], by: str) -> pd.DataFrame:
+    """Per group: matchers, in space, and per order the median position/N, share in 1% / 5%."""
+    out = []
+    for key, group in frame.groupby(by, dropna=False):
+        placed = group[group["status"] == "in space"]
+        row: dict[str, object] = {
+            by: key, "matchers": len(group),
+            "enumerated": int(group["n"].notna().sum()) if "n" in group else 0,
+            "in_space": len(placed),
+        }
+        for order in orders:
+            col = f"{order}_fraction"
+            if len(placed) and col in placed:
+                row[f"{order} median pos/N"] = float(placed[col].median())
+                row[f"{order} in 1%"] = float((placed[col] <= 0.01).mean())
+                row[f"{order} in 5%"] = float((placed[col] <= 0.05).mean())
+        out.append(row)
+    return pd.DataFrame(out)
+
+
+def markdown(table: pd.DataFrame) -> str:
+    cols = list(table.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, row in table.iterrows():
+        cells = []
+        for c in cols:
+            v = row[c]
+            cells.append(f"{v:.3f}" if isinstance(v, float) else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command: str) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(out / "positions.csv", index=False)
+    frame = frame.copy()
+    frame["all"] = "all"
+    parts = [
+        "# Expert gfx942 configurations in the candidate order", "",
+        f"    {command}", "",
+        "Position = expected 1-based position over tie-breaks of the expert configuration; "
+        "pos/N = position / space size.", "",
+        "## All files", "", markdown(summary(frame, orders, "all")), "",
+        "## Per file", "", markdown(summary(frame, orders, "file")), "",
+        "## Per op kind", "", markdown(summary(frame[frame["status"].ne("")], orders, "kind")), "",
+        "## Not in the space (first attribute no candidate shares)", "",
+    ]
+    missing = frame[frame["status"] == "not in space"]
+    parts += [f"- {r.file} `{r.matcher}`: {r.excluded_by}" for r in missing.itertuples()]
+    skipped = frame[frame["status"].astype(str).str.startswith(("skipped", "no space"))]
+    parts += ["", "## Not measured", ""]
+    parts += [f"- {r.file} `{r.matcher}`: {r.status}" for r in skipped.itertuples()]
+    text = "\n".join(parts) + "\n"
+    (out / "report.md").write_text(text)
+    _plot(frame, orders, out / "positions.png")
+    return text
+
+
+def _plot(frame: pd.DataFrame, orders: Sequence[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    placed = frame[frame["status"] == "in space"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for order in orders:
+        values = np.sort(placed[f"{order}_fraction"].to_numpy())
+        if len(values):
+            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=order)
+    ax.set_xscale("log")
+    ax.axvline(0.01, color="grey", lw=0.5)
+    ax.axvline(0.05, color="grey", lw=0.5)
+    ax.set_xlabel("expert position / N (log)")
+    ax.set_ylabel("share of expert configurations")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("specs", type=Path, help="directory of tuning spec .mlir files")
+    parser.add_argument("--output-dir", "-o", type=Path, required=True)
+    parser.add_argument("--orders", default="heuristic,random")
+    parser.add_argument("--files", default="", help="comma-separated substrings of file names")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
+    args = parser.parse_args(argv)
+    orders = [o for o in args.orders.split(",") if o]
+    unknown = set(orders) - set(SCORERS)
+    if unknown:
+        print(f"error: unknown order(s) {sorted(unknown)}; choose from {sorted(SCORERS)}",
+              file=sys.stderr)
+        return 2
+    try:
+        entries = load_spec_dir(args.specs)
+    except DispatchTuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.files:
+        keys = args.files.split(",")
+        entries = [e for e in entries if any(k in e.file for k in keys)]
+    frame = measure(entries, orders, args.cache)
+    command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(write_report(frame, orders, args.output_dir, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

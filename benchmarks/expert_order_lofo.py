@@ -1,0 +1,147 @@
+"""Leave-one-spec-file-out evaluation of GPU orders learned or chosen from expert configurations.
+
+Two candidates for a better gfx942 order, each judged only on spec files it never saw:
+- `grid`: a reworked handwritten heuristic (padding, tile intensity, spill, plus register reuse,
+  K step, subgroup, occupancy and wave-quantization terms whose constants are chosen from a small
+  grid by the median expert position on the *other* files);
+- `pairwise`: a logistic pairwise prior on standardised log-features (expert above each other
+  candidate of its dispatch), trained on the other files.
+Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
+
+Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from benchmarks.expert_order import (
+    TARGET,
+    candidate_table,
+    expected_position,
+    expert_mask,
+    markdown,
+)
+from dispatchtune.costmodel.heuristic import HeuristicModel, _log
+from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.features import extract_features
+from dispatchtune.targets import get_target
+
+LOG_FEATURES = (
+    "threads", "acc_registers", "tile_k", "k_trips", "workgroups_per_cu", "wg_intensity",
+    "occupancy", "subgroups", "shared_memory_fraction", "mma_m", "mma_k", "tile_mn_ratio",
+    "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
+)
+GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
+                              [0.0, 0.125, 0.25], [0, 1]))
+
+
+Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray]
+
+
+def load(specs: Path, cache: Path) -> list[Expert]:
+    """(file, kind, candidate table, features, expert mask) of every expert inside its space."""
+    target = get_target(TARGET)
+    out: list[Expert] = []
+    for entry in load_spec_dir(specs):
+        if entry.problem is None or entry.config is None:
+            continue
+        try:
+            table = candidate_table(entry.problem, cache)
+        except DispatchTuneError:
+            continue
+        mask, _ = expert_mask(table, expert_columns(entry))
+        if mask.any():
+            features = extract_features(entry.problem, target, table)
+            out.append((entry.file, entry.problem.kind, table, features, mask))
+    return out
+
+
+def grid_score(f: pd.DataFrame, acc: float, k_bytes: float, sg: float, occ: float, wq: int) -> np.ndarray:
+    s = _log(1 - f["padding_waste"]) + _log(f["wg_intensity"] / 32.0)
+    s = s + 2 * _log(256.0 / (f["acc_registers"] + 32.0)) + 0.5 * _log(f["acc_registers"] / acc)
+    if k_bytes:
+        s = s + _log(f["tile_k"] * f["lhs_bytes"] / k_bytes)
+    if sg:
+        s = s + 0.5 * _log(f["subgroups"] / sg)
+    if occ:
+        s = s + _log(f["occupancy"] / occ)
+    if wq:
+        s = s + _log(1 - f["wave_quantization"])
+    return np.round(s, 9)
+
+
+def design(table: pd.DataFrame, f: pd.DataFrame) -> np.ndarray:
+    x = np.log2(np.maximum(f[list(LOG_FEATURES)].to_numpy(float), 1e-3))
+    vd = (table["pipeline"].astype(str).to_numpy() == "VectorDistribute").astype(float)[:, None]
+    terms = HeuristicModel().term_scores(f).to_numpy()
+    z = np.hstack([x, x**2 / 10, vd, terms])
+    return (z - z.mean(0)) / (z.std(0) + 1e-9)
+
+
+def pairwise_weights(designs: Sequence[np.ndarray], masks: Sequence[np.ndarray], c: float) -> np.ndarray:
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    xs, ys = [], []
+    for z, mask in zip(designs, masks, strict=True):
+        others = np.flatnonzero(~mask)
+        pick = rng.choice(others, min(400, len(others)), replace=False)
+        diff = z[mask][0] - z[pick]
+        xs += [diff, -diff]
+        ys += [np.ones(len(diff)), np.zeros(len(diff))]
+    model = LogisticRegression(C=c, fit_intercept=False, max_iter=2000)
+    return model.fit(np.vstack(xs), np.concatenate(ys)).coef_[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("specs", type=Path)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
+    parser.add_argument("--c", type=float, default=0.01, help="pairwise L2 strength (1/C)")
+    args = parser.parse_args(argv)
+    data = load(args.specs, args.cache)
+    files = np.array([d[0] for d in data])
+    kinds = np.array([d[1] for d in data])
+    fraction = {name: np.zeros(len(data)) for name in ("heuristic", "grid", "pairwise")}
+    for i, (_, _, _, f, mask) in enumerate(data):
+        fraction["heuristic"][i] = expected_position(HeuristicModel().predict(f), mask) / len(f)
+    grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
+                     for g in GRID])
+    designs = [design(d[2], d[3]) for d in data]
+    for held in sorted(set(files)):
+        train = files != held
+        chosen = int(np.argmin(np.median(grid[:, train], axis=1)))
+        fraction["grid"][~train] = grid[chosen, ~train]
+        w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
+                             [d[4] for d, t in zip(data, train, strict=True) if t], args.c)
+        for j in np.flatnonzero(~train).tolist():
+            scores = np.round(designs[j] @ w, 9)
+            fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
+        print(f"held out {held}: grid chose {GRID[chosen]}", file=sys.stderr)
+    rows = []
+    groups: list[tuple[str, np.ndarray]] = [("all", np.ones(len(data), bool))]
+    groups += [(k, kinds == k) for k in sorted(set(kinds))]
+    groups += [(f, files == f) for f in sorted(set(files))]
+    for label, select in groups:
+        row: dict[str, object] = {"group": label, "experts": int(select.sum())}
+        for name, values in fraction.items():
+            v = values[select]
+            row[f"{name} median"] = round(float(np.median(v)), 4)
+            row[f"{name} <=1%"] = round(float((v <= 0.01).mean()), 2)
+            row[f"{name} <=5%"] = round(float((v <= 0.05).mean()), 2)
+        rows.append(row)
+    print(markdown(pd.DataFrame(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

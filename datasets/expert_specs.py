@@ -1,0 +1,456 @@
+"""Expert tuning specs: the configurations engineers shipped for real dispatches, as data.
+
+A tuning spec is a transform-dialect module whose `match_*` named sequences each name one root op
+(shape, element types, indexing maps) and the `compilation_info` to give it. This module turns each
+matcher into an `ExpertEntry`: the op rebuilt as a `Problem` and the configuration described by
+meaning (`ExpertConfig`: workgroup/reduction tiles per loop, intrinsic, subgroup counts, workgroup
+size, pipeline), so it can be looked up in an enumerated candidate table (`expert_columns`).
+
+Current syntax (`#iree_gpu.lowering_config<{workgroup = ..., mma_kind = ...}>`) is parsed with
+IREE's Python bindings. Older syntax is mapped by meaning first:
+- 2025 TileAndFuse specs: `translation_info = <pipeline = LLVMGPUTileAndFuse ...>`;
+- 2024 specs: `#iree_codegen.lowering_config<tile_sizes = [[...]]>` (one level: parallel loops
+  carry workgroup tiles, reduction loops reduction tiles), `#iree_gpu.mma_schedule<intrinsic =
+  ..., subgroup_m_count, subgroup_n_count>` and intrinsic names `MFMA_<in>_MxNxK_<out>`.
+Dynamic sizes (`dims_equal [-1, ...]`, `tensor<?x...>`) become `dynamic_size` (2: the SDXL batch).
+Matchers the project cannot rebuild (attention, transform-dialect scripts) are kept with a reason.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dispatchtune.errors import InputError
+from dispatchtune.problem import Problem
+
+#: Size given to dynamic dimensions: SDXL/punet specs are tuned for batch 2 (classifier-free
+#: guidance), and IREE's collapsed static shapes in the README (2x1024 -> 2048) agree.
+DYNAMIC_SIZE = 2
+
+
+@dataclass(frozen=True)
+class ExpertConfig:
+    """One expert configuration, by meaning, per loop of the op as the spec matched it."""
+
+    pipeline: str  # "VectorDistribute" or "TileAndFuse"
+    workgroup: tuple[int, ...]  # workgroup tile per loop (0 = not tiled)
+    reduction: tuple[int, ...]  # reduction tile per loop, in elements (0 = not tiled)
+    intrinsic: str  # current IREE name, e.g. "MFMA_F32_16x16x16_F16"
+    mma_shape: tuple[int, int, int]
+    subgroup_counts: tuple[int, int]  # (M, N) subgroups per workgroup
+    workgroup_size: tuple[int, ...]
+    subgroup_size: int
+    waves_per_eu: int = 0  # 0 = compiler default
+    syntax: str = "current"  # "current", "tileandfuse-2025" or "2024"
+
+
+@dataclass(frozen=True)
+class ExpertEntry:
+    """One matcher of a spec file: the dispatch and its expert configuration (or why not)."""
+
+    file: str
+    matcher: str
+    problem: Problem | None = None
+    config: ExpertConfig | None = None
+    skipped: str = ""  # non-empty when the matcher could not be turned into (problem, config)
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is not None and self.config is not None
+
+
+# ---- text helpers -------------------------------------------------------------------------------
+_SEQUENCE = re.compile(r"transform\.named_sequence\s+@(\w+)\s*\(")
+_ALIAS = re.compile(r"^(#\w+)\s*=\s*(.*)$", re.MULTILINE)
+_MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
+_MAP_TEXT = re.compile(r"affine_map<\([^)]*\)\s*->\s*\([^)]*\)>")
+_TENSOR = re.compile(r"tensor<([^>]*)>")
+_OLD_INTRINSIC = re.compile(r"^(MFMA|WMMA)_([A-Z0-9]+)_(\d+x\d+x\d+)_([A-Z0-9]+)$")
+
+
+def _balanced(text: str, start: int) -> str:
+    """The `<...>` group opening at or after `start` (arrows `->` are not brackets)."""
+    begin = text.index("<", start)
+    depth = 0
+    i = begin
+    while i < len(text):
+        ch = text[i]
+        if ch == "<":
+            depth += 1
+        elif ch == ">" and text[i - 1] != "-":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        i += 1
+    raise InputError("unbalanced '<' in a tuning spec attribute")
+
+
+def _sequences(text: str) -> Iterator[tuple[str, str]]:
+    """(name, body) of every named sequence, body up to the next sequence."""
+    starts = list(_SEQUENCE.finditer(text))
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        yield match.group(1), text[match.start() : end]
+
+
+def _resolve_aliases(text: str) -> str:
+    """Inline `#name = attr` aliases (IREE's printer uses them for compilation_info)."""
+    aliases = dict(_ALIAS.findall(text))
+    body = _ALIAS.sub("", text)
+    if not aliases:
+        return body
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(aliases, key=len, reverse=True))
+                         + r"(?![\w])")
+
+    def expand(match: re.Match[str]) -> str:
+        return aliases[match.group(0)]
+
+    for _ in range(4):  # aliases refer to aliases (compilation -> translation)
+        body = pattern.sub(expand, body)
+    return body
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.findall(r"-?\d+", text))
+
+
+def _loops(expr_list: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"d(\d+)", expr_list))
+
+
+def current_intrinsic(name: str) -> str:
+    """Map a 2024 intrinsic name (`MFMA_F16_16x16x16_F32`) to IREE's current one."""
+    match = _OLD_INTRINSIC.match(name)
+    if not match:
+        return name
+    family, first, shape, last = match.groups()
+    # Old names put the input type first; current ones put the accumulator first.
+    if first in {"F32", "I32"} and last not in {"F32", "I32"}:
+        return name
+    return f"{family}_{last}_{shape}_{first}"
+
+
+def _mma_shape(intrinsic: str) -> tuple[int, int, int]:
+    match = re.search(r"(\d+)x(\d+)x(\d+)", intrinsic)
+    if not match:
+        raise InputError(f"cannot read the shape of intrinsic {intrinsic!r}")
+    m, n, k = (int(v) for v in match.groups())
+    return m, n, k
+
+
+# ---- problems -----------------------------------------------------------------------------------
+def contraction_problem(
+    maps: list[str], shapes: list[tuple[int, ...]], types: list[str], name: str = ""
+) -> Problem:
+    """A contraction from its indexing maps (MLIR text), operand shapes (-1 = dynamic) and types."""
+    parsed = [_MAP.search(m) for m in maps]
+    if len(parsed) != 3 or any(p is None for p in parsed):
+        raise InputError(f"{name}: expected three affine maps, got {maps}")
+    n_loops = len(_loops(parsed[0].group(1)))  # type: ignore[union-attr]
+    results = [_loops(p.group(2)) for p in parsed]  # type: ignore[union-attr]
+    sizes = [-1] * n_loops
+    for loops, shape in zip(results, shapes, strict=True):
+        for loop, size in zip(loops, shape, strict=True):
+            if size > 0:
+                sizes[loop] = size
+    sizes = [s if s > 0 else DYNAMIC_SIZE for s in sizes]
+    lhs, rhs, out = (set(r) for r in results)
+    dims = {
+        "batch": tuple(sorted(lhs & rhs & out)),
+        "m": tuple(sorted((lhs & out) - rhs)),
+        "n": tuple(sorted((rhs & out) - lhs)),
+        "k": tuple(sorted((lhs & rhs) - out)),
+    }
+    names = [f"d{i}" for i in range(n_loops)]
+    return Problem(
+        kind="contraction",
+        loop_sizes=tuple(sizes),
+        dims=dims,
+        element_types=tuple(types),
+        operand_shapes=tuple(tuple(sizes[i] for i in r) for r in results),
+        indexing_maps=tuple(f"({', '.join(names)}) -> ({', '.join(f'd{i}' for i in r)})"
+                            for r in results),
+        op_name="linalg.generic",
+        name=name,
+    )
+
+
+def _tensor(text: str) -> tuple[tuple[int, ...], str]:
+    parts = text.split("x")
+    shape = tuple(-1 if p == "?" else int(p) for p in parts[:-1])
+    return shape, parts[-1]
+
+
+def _dag_problem(body: str, name: str) -> Problem | None:
+    """The root op of a `cast_compatible_dag_from_root` block (generic contraction or conv)."""
+    block = re.search(r"\^bb0\((.*?)\):", body, re.DOTALL)
+    if not block:
+        return None
+    args = [_tensor(t) for t in _TENSOR.findall(block.group(1))]
+    if "linalg.conv_2d_nhwc_hwcf" in body:
+        (_, in_type), (fshape, f_type), (oshape, o_type) = args
+        stride = _ints(re.search(r"strides\s*=\s*dense<(\d+)>", body).group(1))  # type: ignore[union-attr]
+        dilation = _ints(re.search(r"dilations\s*=\s*dense<(\d+)>", body).group(1))  # type: ignore[union-attr]
+        batch = oshape[0] if oshape[0] > 0 else DYNAMIC_SIZE
+        return Problem.conv2d_nhwc_hwcf(
+            batch, oshape[1], oshape[2], fshape[2], fshape[3], fshape[0], fshape[1],
+            in_type, f_type, o_type, stride=stride[0], dilation=dilation[0],
+        )
+    if "linalg.generic" not in body or len(args) != 3:
+        return None
+    maps = _MAP_TEXT.findall(body.split("linalg.generic", 1)[1])[:3]
+    return contraction_problem(maps, [a[0] for a in args], [a[1] for a in args], name)
+
+
+def _matcher_problem(body: str, name: str, helpers: Mapping[str, str]) -> Problem | None:
+    """Rebuild the op a matcher names, from whichever matching form it uses."""
+    if "online_attention" in body or "iree_linalg_ext.attention" in body:
+        return None
+    if "transform.iree.match.contraction" in body:
+        head = body.split("transform.iree.match.contraction", 1)[1]
+        types = [re.search(rf"{k}_type\s*=\s*(\w+)", head).group(1)  # type: ignore[union-attr]
+                 for k in ("lhs", "rhs", "output")]
+        maps = _MAP_TEXT.findall(head)[:3]
+        # The op's results name the dimension classes in order: batch, m, n, k.
+        results = re.search(r"((?:%\w+\s*,\s*){3}%\w+)\s*=\s*transform\.iree\.match\.contraction", body)
+        names = re.findall(r"%(\w+)", results.group(1)) if results else []
+        by_value = dict(zip(names, ("batch", "m", "n", "k"), strict=False))
+        sizes = {
+            by_value.get(value, value): _ints(v)
+            for value, v in re.findall(r"dims_equal\s+%(\w+),\s*\[([^\]]*)\]", body)
+        }
+        probe = contraction_problem(maps, _unit_shapes(maps), types)
+        loop_sizes = [-1] * len(probe.loop_sizes)
+        for cls in ("batch", "m", "n", "k"):
+            given = sizes.get(cls, ())
+            for loop, size in zip(probe.dims[cls], given, strict=False):
+                loop_sizes[loop] = size
+        shapes = [tuple(loop_sizes[i] for i in _loops(_MAP.search(m).group(2)))  # type: ignore[union-attr]
+                  for m in maps]
+        return contraction_problem(maps, shapes, types, name)
+    if "cast_compatible_dag_from_root" in body:
+        return _dag_problem(body, name)
+    include = re.search(r"transform\.include\s+@(\w+)", body)
+    if include and include.group(1) in helpers:
+        helper = _dag_problem(helpers[include.group(1)], name)
+        if helper is None:
+            return None
+        casts = dict(re.findall(r"cast_compatible_type\s+%(\w+)\s*=\s*tensor<([^>]*)>", body))
+        operands = dict(re.findall(r"%(\w+)\s*=\s*transform\.get_operand\s+%\w+\[(\d+)\]", body))
+        cast_shapes: list[tuple[int, ...]] = [tuple(-1 for _ in s) for s in helper.operand_shapes]
+        for value, index in operands.items():
+            if value in casts:
+                cast_shapes[int(index)] = _tensor(casts[value])[0]
+        return contraction_problem(
+            [f"affine_map<{m}>" for m in helper.indexing_maps], cast_shapes,
+            list(helper.element_types), name,
+        )
+    return None
+
+
+def _unit_shapes(maps: list[str]) -> list[tuple[int, ...]]:
+    return [tuple(-1 for _ in _loops(_MAP.search(m).group(2))) for m in maps]  # type: ignore[union-attr]
+
+
+# ---- configurations -----------------------------------------------------------------------------
+def _config_text(body: str) -> str | None:
+    at = body.find("#iree_codegen.compilation_info<")
+    return _balanced(body, at) if at >= 0 else None
+
+
+def _parse_current(text: str, problem: Problem) -> ExpertConfig:
+    """A current-syntax compilation_info, read with IREE's bindings."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    syntax = "current"
+    if "LLVMGPUTileAndFuse" in text:
+        syntax = "tileandfuse-2025"
+        text = re.sub(
+            r"translation_info\s*=\s*<pipeline\s*=\s*LLVMGPUTileAndFuse",
+            "translation_info = #iree_codegen.translation_info<pipeline = "
+            "#iree_gpu.pipeline<TileAndFuse>",
+            text,
+        )
+        # IREE 3.13 spells shared-memory prefetching as a stage count.
+        text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")
+        text = text.replace("prefetch_shared_memory = false", "prefetch_num_stages = 0")
+    with ir.Context():
+        info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(text))
+        config = iree_gpu.LoweringConfigAttr(info.lowering_config)
+        attrs = config.attributes
+        workgroup = tuple(int(v) for v in config.workgroup_tile_sizes)
+        reduction = tuple(int(v) for v in config.reduction_tile_sizes)
+        intrinsic = re.sub(r".*<(\w+).*", r"\1", str(config.mma_kind))
+        subgroup = tuple(int(v) for v in ir.ArrayAttr(attrs["subgroup"])) if "subgroup" in attrs \
+            else ()
+        basis = config.subgroup_basis
+        counts_per_loop = tuple(int(v) for v in basis[0]) if basis is not None else ()
+        translation = info.translation_info
+        pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(translation.pass_pipeline))
+        wg_size = tuple(int(v) for v in translation.workgroup_size)
+        sg_size = int(translation.subgroup_size)
+        waves = _waves(str(translation.configuration))
+    shape = _mma_shape(intrinsic)
+    if pipeline == "TileAndFuse":
+        # TileAndFuse states reduction and subgroup tiles in intrinsics, not elements.
+        reduction = tuple(r * shape[2] for r in reduction)
+    return ExpertConfig(
+        pipeline=pipeline, workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
+        mma_shape=shape,
+        subgroup_counts=_subgroup_counts(
+            problem, pipeline, workgroup, shape, counts_per_loop, subgroup
+        ),
+        workgroup_size=wg_size, subgroup_size=sg_size, waves_per_eu=waves, syntax=syntax,
+    )
+
+
+def _waves(configuration: str) -> int:
+    match = re.search(r'"amdgpu-waves-per-eu"\s*=\s*"(\d+)"', configuration)
+    return int(match.group(1)) if match else 0
+
+
+def _parse_2024(text: str, problem: Problem) -> ExpertConfig:
+    """A 2024-syntax compilation_info (tile_sizes + mma_schedule), mapped by meaning."""
+    tiles = _ints(re.search(r"tile_sizes\s*=\s*\[\[([^\]]*)\]", text).group(1))  # type: ignore[union-attr]
+    reduction_loops = problem._reduction_loops()
+    bounds = problem.loop_sizes
+    if len(tiles) != len(bounds):
+        raise InputError(f"tile_sizes has {len(tiles)} entries for {len(bounds)} loops")
+    # A tile at least the loop is the whole loop (IREE clamps it): 0 in the current syntax.
+    clamp = [0 if t >= b else t for t, b in zip(tiles, bounds, strict=True)]
+    workgroup = tuple(0 if i in reduction_loops else t for i, t in enumerate(clamp))
+    reduction = tuple(t if i in reduction_loops else 0 for i, t in enumerate(clamp))
+    pipeline = re.search(r"translation_info<LLVMGPU(\w+)", text)
+    intrinsic = current_intrinsic(re.search(r"mma_layout<(\w+)>", text).group(1))  # type: ignore[union-attr]
+    sg_m = int(re.search(r"subgroup_m_count\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
+    sg_n = int(re.search(r"subgroup_n_count\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
+    wg_size = _ints(re.search(r"workgroup_size\s*=\s*\[([^\]]*)\]", text).group(1))  # type: ignore[union-attr]
+    sg_size = int(re.search(r"subgroup_size\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
+    return ExpertConfig(
+        pipeline=pipeline.group(1) if pipeline else "VectorDistribute",
+        workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
+        mma_shape=_mma_shape(intrinsic), subgroup_counts=(sg_m, sg_n), workgroup_size=wg_size,
+        subgroup_size=sg_size, waves_per_eu=_waves(text), syntax="2024",
+    )
+
+
+def _subgroup_counts(
+    problem: Problem,
+    pipeline: str,
+    workgroup: tuple[int, ...],
+    mma: tuple[int, int, int],
+    basis: tuple[int, ...],
+    subgroup: tuple[int, ...],
+) -> tuple[int, int]:
+    """(M, N) subgroups from per-loop data: basis counts, or TileAndFuse subgroup tiles."""
+    classes = _classes(problem)
+    m_loops, n_loops = classes["m"], classes["n"]
+    if pipeline == "TileAndFuse" and subgroup:
+        # Subgroups along a class = workgroup tile / (subgroup tile in intrinsics * intrinsic).
+        tm = _tile(workgroup, m_loops, problem)
+        tn = _tile(workgroup, n_loops, problem)
+        sm = _subgroup_elements(subgroup, m_loops, mma[0])
+        sn = _subgroup_elements(subgroup, n_loops, mma[1])
+        return max(tm // sm, 1), max(tn // sn, 1)
+    if basis:
+        return math.prod(basis[i] for i in m_loops), math.prod(basis[i] for i in n_loops)
+    return 1, 1
+
+
+def _subgroup_elements(subgroup: tuple[int, ...], loops: tuple[int, ...], intrinsic: int) -> int:
+    """A TileAndFuse subgroup tile in elements: the innermost loop counts in intrinsics."""
+    sizes = [subgroup[i] or 1 for i in loops]
+    if sizes:
+        sizes[-1] *= intrinsic
+    return math.prod(sizes)
+
+
+def _tile(entries: tuple[int, ...], loops: tuple[int, ...], problem: Problem) -> int:
+    return math.prod((entries[i] or problem.loop_sizes[i]) for i in loops)
+
+
+def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
+    """Loops of the GEMM view: convolutions fold batch/image into M and filter/channels into K."""
+    if problem.kind == "convolution":
+        return {
+            "b": problem.loops("depth"),
+            "m": (*problem.loops("batch"), *problem.loops("output_image")),
+            "n": problem.loops("output_channel"),
+            "k": (*problem.loops("filter_loop"), *problem.loops("input_channel")),
+        }
+    return {c[0]: problem.loops(c) for c in ("batch", "m", "n", "k")}
+
+
+def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
+    """The expert configuration in the candidate-table vocabulary of `search.gpu.gpu_columns`."""
+    if entry.problem is None or entry.config is None:
+        raise InputError(f"{entry.matcher}: no usable expert configuration ({entry.skipped})")
+    problem, config = entry.problem, entry.config
+    classes = _classes(problem)
+    return {
+        "pipeline": config.pipeline,
+        "intrinsic": config.intrinsic,
+        "tile_b": _tile(config.workgroup, classes["b"], problem),
+        "tile_m": _tile(config.workgroup, classes["m"], problem),
+        "tile_n": _tile(config.workgroup, classes["n"], problem),
+        "tile_k": _tile(config.reduction, classes["k"], problem),
+        "subgroups_m": config.subgroup_counts[0],
+        "subgroups_n": config.subgroup_counts[1],
+        "workgroup_threads": math.prod(config.workgroup_size),
+    }
+
+
+# ---- files --------------------------------------------------------------------------------------
+def load_spec_file(path: str | Path) -> list[ExpertEntry]:
+    """Every matcher of one spec file that carries a configuration, in file order."""
+    path = Path(path)
+    try:
+        text = _resolve_aliases(path.read_text())
+    except OSError as exc:
+        raise InputError(f"cannot read tuning spec {path}: {exc.strerror}") from exc
+    sequences = list(_sequences(text))
+    helpers = {n: b for n, b in sequences if "compilation_info" not in b}
+    entries = []
+    for name, body in sequences:
+        config_text = _config_text(body)
+        if config_text is None:
+            continue
+        entries.append(_entry(path.name, name, body, config_text, helpers))
+    return entries
+
+
+def _entry(
+    file: str, name: str, body: str, config_text: str, helpers: Mapping[str, str]
+) -> ExpertEntry:
+    try:
+        problem = _matcher_problem(body, name, helpers)
+    except (InputError, ValueError, AttributeError) as exc:
+        return ExpertEntry(file, name, skipped=f"cannot rebuild the op: {exc}")
+    if problem is None:
+        kind = "attention" if "attention" in body else "unsupported matcher form"
+        return ExpertEntry(file, name, skipped=kind)
+    try:
+        if "tile_sizes" in config_text:
+            config = _parse_2024(config_text, problem)
+        else:
+            config = _parse_current(config_text, problem)
+    except Exception as exc:  # any parse failure is reported for this matcher alone
+        return ExpertEntry(file, name, problem=problem, skipped=f"cannot read config: {exc}")
+    if problem.kind == "contraction" and problem.loops("batch"):
+        return ExpertEntry(file, name, problem, config, notes=("batch matmul",))
+    return ExpertEntry(file, name, problem, config)
+
+
+def load_spec_dir(directory: str | Path) -> list[ExpertEntry]:
+    """Every expert entry of every `*.mlir` spec file in a directory (sorted by file name)."""
+    directory = Path(directory)
+    files = sorted(directory.glob("*.mlir"))
+    if not files:
+        raise InputError(f"no .mlir tuning specs in {directory}")
+    return [e for f in files for e in load_spec_file(f)]

@@ -1,0 +1,112 @@
+"""Expert tuning specs: ops rebuilt, configurations read by meaning, found in the real gfx942 space."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dispatchtune.datasets.expert_specs import (
+    current_intrinsic,
+    expert_columns,
+    load_spec_dir,
+    load_spec_file,
+)
+from dispatchtune.errors import InputError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "expert_specs"
+
+
+def test_current_syntax_vectordistribute() -> None:
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
+    assert entries["match_attention_f16"].skipped == "attention"
+    mmt = entries["match_mmt_8192x640x640"]
+    assert mmt.problem is not None and mmt.config is not None
+    assert mmt.problem.gemm_shape == (1, 8192, 640, 640)
+    assert mmt.problem.element_types == ("i8", "i8", "i32")
+    assert mmt.config.syntax == "current" and mmt.config.waves_per_eu == 0
+    assert expert_columns(mmt) == {
+        "pipeline": "VectorDistribute", "intrinsic": "MFMA_I32_16x16x32_I8", "tile_b": 1,
+        "tile_m": 256, "tile_n": 64, "tile_k": 64, "subgroups_m": 8, "subgroups_n": 1,
+        "workgroup_threads": 512,
+    }
+    # dims_equal %m, [-1, 1024]: the dynamic batch becomes 2, the M tile spans both loops.
+    broadcast = entries["match_broadcast_rhs_mmt_Bx1024x1280x1280"]
+    assert broadcast.problem is not None
+    assert broadcast.problem.sizes("m") == (2, 1024)
+    cols = expert_columns(broadcast)
+    assert (cols["tile_m"], cols["tile_n"], cols["subgroups_m"], cols["subgroups_n"]) == (64, 160, 2, 2)
+
+
+def test_tileandfuse_2025_syntax_counts_subgroups_from_subgroup_tiles() -> None:
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "flux_tileandfuse_2025.mlir")}
+    square = entries["match_contraction_4096x3072x3072_bf16xbf16xf32"]
+    assert square.config is not None and square.config.syntax == "tileandfuse-2025"
+    assert square.config.waves_per_eu == 2
+    # workgroup [128, 192], subgroup [4, 6] intrinsics of 16x16, reduction 2 intrinsics of K=16.
+    assert expert_columns(square) == {
+        "pipeline": "TileAndFuse", "intrinsic": "MFMA_F32_16x16x16_BF16", "tile_b": 1,
+        "tile_m": 128, "tile_n": 192, "tile_k": 32, "subgroups_m": 2, "subgroups_n": 2,
+        "workgroup_threads": 256,
+    }
+    # Two N loops (72 x 128): only the innermost counts in intrinsics (subgroup [4, 2, 2, 0]).
+    split_n = entries["match_contraction_72x4096x3072_bf16xbf16xf32"]
+    assert split_n.problem is not None and split_n.problem.sizes("n") == (72, 128)
+    cols = expert_columns(split_n)
+    assert (cols["tile_m"], cols["tile_n"], cols["subgroups_m"], cols["subgroups_n"]) == (256, 128, 8, 1)
+
+
+def test_2024_syntax_mapped_by_meaning() -> None:
+    assert current_intrinsic("MFMA_F16_16x16x16_F32") == "MFMA_F32_16x16x16_F16"
+    assert current_intrinsic("MFMA_I8_32x32x16_I32") == "MFMA_I32_32x32x16_I8"
+    assert current_intrinsic("MFMA_F32_16x16x16_F16") == "MFMA_F32_16x16x16_F16"
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "sdxl_2024.mlir")}
+    assert "match_mmt_f16_f16_f32" not in entries  # a helper matcher without a configuration
+    mmt = entries["match_mmt_8192x640x640"]  # shapes from cast_compatible_type + the helper
+    assert mmt.problem is not None and mmt.problem.gemm_shape == (1, 8192, 640, 640)
+    assert expert_columns(mmt) == {
+        "pipeline": "VectorDistribute", "intrinsic": "MFMA_F32_16x16x16_F16", "tile_b": 1,
+        "tile_m": 64, "tile_n": 160, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
+        "workgroup_threads": 256,
+    }
+    conv = entries["match_conv_2d_nhwc_hwcf_2x64x64x640x3x3x640"]
+    assert conv.problem is not None and conv.problem.kind == "convolution"
+    # tile_sizes [1, 1, 464, 320, 1, 1, 80]: 464 >= OW = 64 is the whole loop (IREE clamps it).
+    cols = expert_columns(conv)
+    assert (cols["tile_m"], cols["tile_n"], cols["tile_k"]) == (64, 320, 80)
+
+
+def test_expert_outside_the_space_names_the_attribute() -> None:
+    """punet's 256x64 tile with 512 threads breaks IREE's 'threads <= larger tile' filter."""
+    from benchmarks.expert_order import expert_mask
+    from dispatchtune.search import enumerate_candidates
+
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
+    entry = entries["match_mmt_8192x640x640"]
+    assert entry.problem is not None
+    mask, why = expert_mask(enumerate_candidates(entry.problem, "gfx942").table,
+                            expert_columns(entry))
+    assert not mask.any() and why.startswith("subgroups_m=8")
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError):
+        load_spec_dir(tmp_path)
+    with pytest.raises(InputError):
+        load_spec_file(tmp_path / "missing.mlir")
+
+
+def test_expert_configurations_are_found_in_the_real_space(tmp_path: Path) -> None:
+    """Real IREE constraints + enumeration: both pipelines' expert configs are candidates."""
+    from benchmarks.expert_order import expected_position, expert_mask, heuristic_scores
+    from dispatchtune.search import enumerate_candidates
+
+    (vd,) = load_spec_file(FIXTURES / "unet_fp16_vectordistribute.mlir")
+    tf = {e.matcher: e for e in load_spec_file(FIXTURES / "flux_tileandfuse_2025.mlir")}
+    for entry in (vd, tf["match_contraction_4096x3072x3072_bf16xbf16xf32"]):
+        assert entry.problem is not None
+        table = enumerate_candidates(entry.problem, "gfx942").table
+        mask, why = expert_mask(table, expert_columns(entry))
+        assert mask.any(), why
+        position = expected_position(heuristic_scores(entry.problem, table), mask)
+        assert 1 <= position <= len(table)
