@@ -106,6 +106,7 @@ class ResultRecord:
     #: llvm-cpu only: the CPU IREE compiled for (`host` resolved, e.g. znver4), so that features
     #: of a log are computed for the CPU it was measured on (`targets.record_target`).
     target_cpu: str = ""
+    #: `CandidateSet.digest` of the enumeration `candidate_id` is a row of ("": not known).
     space_digest: str = ""
 
     def __post_init__(self) -> None:
@@ -115,7 +116,10 @@ class ResultRecord:
         return json.dumps(self.to_dict(), sort_keys=True, default=_json_default)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as the JSON object it is written as (`kind` a plain string)."""
+        data = asdict(self)
+        data["kind"] = self.kind.value
+        return data
 
     @property
     def is_candidate(self) -> bool:

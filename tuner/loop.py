@@ -75,7 +75,7 @@ from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import iree_compiler_version
-from dispatchtune.tuner.report import TuneResult, write_outputs
+from dispatchtune.tuner.report import TuneResult, summarize, usable_candidates, write_outputs
 
 #: `--order` choices: the static orders of `rank`, and the online search.
 TUNE_ORDERS: tuple[str, ...] = (*STATIC_ORDERS, "online")
@@ -447,8 +447,6 @@ class _DispatchTuner:
     # -- confirmation ---------------------------------------------------------------------------
     def _confirm(self, progress: Any) -> None:
         """Re-measure the best candidates in rounds interleaved with the default config."""
-        from dispatchtune.tuner.report import summarize, usable_candidates
-
         top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
         if top_n <= 0 or rounds <= 0:
             return
@@ -801,25 +799,28 @@ def tune(
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
             problem = dispatch.problem
-            source: CandidateSource
-            if candidates is None:
-                source = candidate_source(problem, target, options, out, history)
-            elif callable(candidates):
-                source = candidates(problem, target, options)
-            else:
-                source = StaticOrder(candidates)
             tuner = _DispatchTuner(dispatch, target, options, log, history, session, work / problem.key)
+            source: CandidateSource | None = None
+            if tuner.benchmarked < options.budget:  # else resumed with the budget spent
+                if candidates is None:
+                    source = candidate_source(problem, target, options, out, history)
+                elif callable(candidates):
+                    source = candidates(problem, target, options)
+                else:
+                    source = StaticOrder(candidates)
             progress = _Progress(
                 options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
             )
             try:
-                tuner.run(source, progress)
+                if source is not None:
+                    tuner.run(source, progress)
             finally:
                 progress.close()
-                source.close()  # an online source hands its unfinished claims back to the study
-                if source.stop_reason and mode != "off":
-                    print(f"{problem.key[:40]}: search stopped: {source.stop_reason}",
-                          file=sys.stderr)
+                if source is not None:
+                    source.close()  # an online source hands its open claims back to the study
+                    if source.stop_reason and mode != "off":
+                        print(f"{problem.key[:40]}: search stopped: {source.stop_reason}",
+                              file=sys.stderr)
             if not options.keep_binaries:
                 # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
                 for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
