@@ -32,6 +32,7 @@ from dispatchtune.costmodel.metrics import (
     near_optimal,
     random_expected_benchmarks,
 )
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.errors import DispatchTuneError
 
 SIDE_THRESHOLDS = (0.02, 0.10)
@@ -95,14 +96,9 @@ def load(paths: Sequence[str]) -> list[Space]:
     return spaces
 
 
-def _rank_order(scores: np.ndarray, seed: int = 0) -> np.ndarray:
-    """The order `dispatchtune.rank` produces: score descending, ties by a seeded draw."""
-    return np.lexsort((np.random.default_rng(seed).random(len(scores)), -scores))
-
-
 def evaluate(space: Space, threshold: float) -> Row:
     scores = HeuristicModel().predict(space.features)
-    order = _rank_order(scores)
+    order = order_by_score(scores, seed=0)
     n = len(space.times)
 
     def pair(th: float) -> tuple[float, float]:
@@ -166,7 +162,7 @@ def plot(rows: Sequence[Row], spaces: Sequence[Space], path: Path, threshold: fl
     bars.legend(fontsize=8)
     rng = np.random.default_rng(0)
     for space in spaces:
-        order = _rank_order(HeuristicModel().predict(space.features))
+        order = order_by_score(HeuristicModel().predict(space.features), seed=0)
         best = space.times.min()
         steps = np.arange(1, len(space.times) + 1)
         heur = best / np.minimum.accumulate(space.times[order])

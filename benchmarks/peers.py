@@ -41,12 +41,10 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.evaluation.harness import EVALUATION_ORDERS
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "kerneltuner"
 SPACES = ("gemm_RTX_2080_Ti.json.gz", "gemm_RTX_Titan.json.gz", "convolution_A4000.json.gz")
-#: The harness's orders (`harness.ORDERS`): random, heuristic, the learned static orders (rf, gbm,
-#: lambdarank, each trained without the space it orders), online, Optuna TPE over the raw knobs.
-HARNESS_ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
@@ -211,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-benchmarks", type=int, default=1000)
     parser.add_argument("--spaces", type=Path, nargs="+",
                         default=[DATA_DIR / name for name in SPACES], metavar="CACHE")
-    parser.add_argument("--orders", nargs="*", default=list(HARNESS_ORDERS),
+    parser.add_argument("--orders", nargs="*", default=list(EVALUATION_ORDERS),
                         help="evaluation-harness orders (none: Kernel Tuner's strategies only)")
     parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES),
                         help="Kernel Tuner strategies")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.errors import InputError
 
 
@@ -33,6 +34,4 @@ class CostModel(ABC):
         scores = np.asarray(self.predict(features), dtype=np.float64)
         if scores.shape != (len(features),):
             raise InputError(f"model returned {scores.shape} scores for {len(features)} rows")
-        # NaN scores sort last: they carry no information.
-        keyed = np.where(np.isnan(scores), -np.inf, scores)
-        return np.argsort(-keyed, kind="stable")
+        return order_by_score(scores)

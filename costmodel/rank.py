@@ -9,6 +9,7 @@ import pandas as pd
 
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.costmodel.heuristic import HeuristicModel
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.errors import InputError
 
 if TYPE_CHECKING:
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     from dispatchtune.targets import Target
 
 Order = Literal["heuristic", "random", "model"]
-ORDERS: tuple[str, ...] = ("heuristic", "random", "model")
+#: The static orders `rank` produces (the tuner adds `online`: `tuner.loop.TUNE_ORDERS`).
+STATIC_ORDERS: tuple[str, ...] = ("heuristic", "random", "model")
+ORDERS = STATIC_ORDERS  # the name `costmodel.commands` and the package export use
 
 
 def rank(
@@ -37,8 +40,8 @@ def rank(
     when that is None with the target's installed default model (the heuristic where none ships);
     `model` given with `order="heuristic"` replaces the heuristic too.
     """
-    if order not in ORDERS:
-        raise InputError(f"unknown order {order!r}; choose one of: {', '.join(ORDERS)}")
+    if order not in STATIC_ORDERS:
+        raise InputError(f"unknown order {order!r}; choose one of: {', '.join(STATIC_ORDERS)}")
     table = getattr(candidates, "table", candidates)
     if not isinstance(table, pd.DataFrame):
         raise InputError(f"expected a CandidateSet or DataFrame, got {type(candidates).__name__}")
@@ -51,7 +54,7 @@ def rank(
     if order == "random":
         # A random score, not just a shuffle, so that `score` still says "higher goes first".
         scores = np.random.default_rng(seed).random(len(table))
-        positions = np.argsort(-scores, kind="stable")
+        positions = order_by_score(scores)
     else:
         if problem is None or target is None:
             raise InputError("heuristic ranking needs the problem and the target of the candidates")
@@ -71,11 +74,7 @@ def rank(
         else:
             chosen = HeuristicModel()
         scores = np.asarray(chosen.predict(features), dtype=np.float64)
-        # Ties are broken by a seeded random draw, not by enumeration order: solver order
-        # clusters similar candidates, so a tied block in that order can hide the good ones.
-        tiebreak = np.random.default_rng(seed).random(len(table))
-        keyed = np.where(np.isnan(scores), -np.inf, scores)
-        positions = np.lexsort((tiebreak, -keyed))
+        positions = order_by_score(scores, seed)
     ranked = table.iloc[positions].copy()
     ranked["score"] = scores[positions]
     return ranked.reset_index(drop=True)

@@ -107,8 +107,9 @@ def load_training_data(
 # ---- metrics of one held-out problem ----------------------------------------------------------
 def _order(scores: np.ndarray, seed: int) -> np.ndarray:
     """The order `rank` produces: score descending, ties broken by a seeded draw."""
-    keyed = np.where(np.isnan(scores), -np.inf, scores)
-    return np.lexsort((np.random.default_rng(seed).random(len(scores)), -keyed))
+    from dispatchtune.costmodel.order import order_by_score
+
+    return order_by_score(scores, seed)
 
 
 def pairwise_accuracy(scores: np.ndarray, times: np.ndarray, seed: int = 0) -> float:

@@ -12,6 +12,13 @@ Two kinds of record share the format:
   (``candidate_id = -1``); the loop measures it at the start and again at intervals.
 * ``kind = "confirm"``: a re-measurement of one of the best candidates at the end of a run, in
   rounds that alternate with the baseline (``baseline_times_ms`` = that round's baseline).
+
+``space_digest`` names the enumeration ``candidate_id`` is a row of (`CandidateSet.digest`; ""
+for candidates that did not come from an enumeration, and in logs written before the field): a
+log from another IREE, Z3 model or CPU numbers its rows differently.
+
+`read_results` gives the records back as the `ResultRecord`s they were written from; a line whose
+fields have the wrong types is skipped like a corrupt one.
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ import os
 import time
 import warnings
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.datasets.jsonl import JsonlWriter
+from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.errors import DispatchTuneError
 
 SCHEMA_PREFIX = "dispatchtune.result/"
@@ -54,16 +63,24 @@ class CorruptRecordWarning(UserWarning):
     """A `results.jsonl` line that could not be read; it is skipped."""
 
 
+class RecordKind(StrEnum):
+    """What a record measured (see the module docstring)."""
+
+    CANDIDATE = "candidate"
+    BASELINE = "baseline"
+    CONFIRM = "confirm"
+
+
 @dataclass
 class ResultRecord:
-    """One line of `results.jsonl` (see the module docstring for the two kinds)."""
+    """One line of `results.jsonl` (see the module docstring for the kinds)."""
 
     problem: dict[str, Any]
     problem_key: str
     target: str
     device: str
     candidate_id: int
-    kind: str = "candidate"
+    kind: RecordKind = RecordKind.CANDIDATE
     schema: str = SCHEMA
     iree_version: str = ""
     session: str = ""
@@ -89,13 +106,47 @@ class ResultRecord:
     #: llvm-cpu only: the CPU IREE compiled for (`host` resolved, e.g. znver4), so that features
     #: of a log are computed for the CPU it was measured on (`targets.record_target`).
     target_cpu: str = ""
+    #: `CandidateSet.digest` of the enumeration `candidate_id` is a row of ("": not known).
+    space_digest: str = ""
+
+    def __post_init__(self) -> None:
+        self.kind = RecordKind(self.kind)  # a plain "baseline" is accepted and stored typed
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, default=_json_default)
+        return json.dumps(self.to_dict(), sort_keys=True, default=_json_default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as the JSON object it is written as (`kind` a plain string)."""
+        data = asdict(self)
+        data["kind"] = self.kind.value
+        return data
+
+    @property
+    def is_candidate(self) -> bool:
+        return self.kind is RecordKind.CANDIDATE
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.kind is RecordKind.BASELINE
+
+    @property
+    def is_confirm(self) -> bool:
+        return self.kind is RecordKind.CONFIRM
+
+    def belongs_to(self, problem_key: str, target: str) -> bool:
+        """Whether the record measured this dispatch on this target."""
+        return self.problem_key == problem_key and self.target == target
 
     @property
     def median_ms(self) -> float | None:
         return float(np.median(self.times_ms)) if self.times_ms else None
+
+    def learned_time(self, estimator: str = "min") -> float | None:
+        """The time a search learns from: None for a failed or miscompiled candidate."""
+        if (self.compile_status != "ok" or self.bench_status != "ok" or not self.times_ms
+                or self.verify_status == "mismatch"):
+            return None
+        return estimate(self.times_ms, estimator)
 
 
 def _json_default(value: object) -> object:
@@ -133,13 +184,14 @@ class ResultsLog:
         self._writer.append(record.to_json())
 
 
-def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """Yield the records of a `results.jsonl` file as dicts.
+def read_results(path: str | os.PathLike[str]) -> Iterator[ResultRecord]:
+    """Yield the records of a `results.jsonl` file as the `ResultRecord`s they were written from.
 
-    Corrupt lines (not JSON, not an object, required fields missing) are skipped with a
-    `CorruptRecordWarning` naming the file and line number. A record of a foreign or newer schema
-    raises `DispatchTuneError`. A missing file yields nothing. A name ending in `.gz` is read
-    through gzip (the shipped datasets are compressed logs).
+    Corrupt lines (not JSON, not an object, required fields missing, a field of the wrong type)
+    are skipped with a `CorruptRecordWarning` naming the file and line number; optional fields a
+    older log lacks take their defaults. A record of a foreign or newer schema raises
+    `DispatchTuneError`. A missing file yields nothing. A name ending in `.gz` is read through
+    gzip (the shipped datasets are compressed logs).
     """
     path = Path(path)
     if not path.exists():
@@ -153,43 +205,117 @@ def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                     continue
                 where = f"{path}:{number}"
                 try:
-                    record = json.loads(text)
+                    data = json.loads(text)
                 except json.JSONDecodeError as exc:
-                    warnings.warn(
-                        f"{where}: corrupt record skipped ({exc.msg})", CorruptRecordWarning,
-                        stacklevel=2,
-                    )
+                    _skip(where, exc.msg)
                     continue
-                if not isinstance(record, dict):
-                    warnings.warn(
-                        f"{where}: corrupt record skipped (not a JSON object)", CorruptRecordWarning,
-                        stacklevel=2,
-                    )
+                if not isinstance(data, dict):
+                    _skip(where, "not a JSON object")
                     continue
-                check_schema(record.get("schema"), where)
-                missing = [name for name in _REQUIRED if name not in record]
+                check_schema(data.get("schema"), where)
+                missing = [name for name in _REQUIRED if name not in data]
                 if missing:
-                    warnings.warn(
-                        f"{where}: corrupt record skipped (missing {', '.join(missing)})",
-                        CorruptRecordWarning, stacklevel=2,
-                    )
+                    _skip(where, f"missing {', '.join(missing)}")
                     continue
-                yield record
+                try:
+                    yield _typed(data)
+                except _WrongType as exc:
+                    _skip(where, str(exc))
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         # A truncated or foreign .gz file: one line naming the file, not a traceback.
         raise DispatchTuneError(f"{path}: not a readable gzip log ({exc})") from exc
 
 
+def read_records(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """`read_results` as plain dicts, for readers not yet converted to the typed records."""
+    for record in read_results(path):
+        yield record.to_dict()
+
+
+def _skip(where: str, why: str) -> None:
+    warnings.warn(f"{where}: corrupt record skipped ({why})", CorruptRecordWarning, stacklevel=3)
+
+
 def record_from_dict(data: Mapping[str, Any]) -> ResultRecord:
-    """Rebuild a `ResultRecord` from a dict read back from the log (unknown keys are ignored)."""
-    names = ResultRecord.__dataclass_fields__.keys()
-    return ResultRecord(**{k: v for k, v in data.items() if k in names})
+    """Rebuild a `ResultRecord` from a dict (unknown keys are ignored, missing ones defaulted).
+
+    A field of the wrong type is a one-line `DispatchTuneError`.
+    """
+    try:
+        return _typed(data)
+    except _WrongType as exc:
+        raise DispatchTuneError(f"not a result record: {exc}") from exc
 
 
-def _median(values: object) -> float:
-    if isinstance(values, list) and values:
-        return float(np.median(np.asarray(values, dtype=float)))
-    return float("nan")
+def as_records(records: Iterable[ResultRecord | Mapping[str, Any]]) -> list[ResultRecord]:
+    """Typed records from typed ones or dicts (callers still holding `read_records` dicts)."""
+    return [r if isinstance(r, ResultRecord) else record_from_dict(r) for r in records]
+
+
+# ---- field types, checked on reading ---------------------------------------------------------
+class _WrongType(ValueError):
+    """A record field whose JSON value does not have the field's type."""
+
+
+def _expect(kind: type | tuple[type, ...], what: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            raise _WrongType(what)  # JSON true is not a number here
+        if not isinstance(value, kind):
+            raise _WrongType(what)
+        return value
+
+    return convert
+
+
+def _number(value: Any) -> float:
+    return float(_expect((int, float), "a number")(value))
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _numbers(value: Any) -> list[float]:
+    # Logs of the first versions wrote null for "no times".
+    return [] if value is None else [_number(v) for v in _expect(list, "a list")(value)]
+
+
+def _kind(value: Any) -> RecordKind:
+    try:
+        return RecordKind(_expect(str, "a string")(value))
+    except ValueError as exc:
+        raise _WrongType(f"one of {', '.join(k.value for k in RecordKind)}") from exc
+
+
+#: How a JSON value becomes each field's type, by the field's annotation. A field of a new type
+#: fails here at import, not on some user's log.
+_CONVERTERS: dict[str, Callable[[Any], Any]] = {
+    "str": _expect(str, "a string"),
+    "int": _expect(int, "an integer"),
+    "int | None": _optional(_expect(int, "an integer")),
+    "float": _number,
+    "float | None": _optional(_number),
+    "list[float]": _numbers,
+    "dict[str, Any]": _expect(dict, "an object"),
+    "RecordKind": _kind,
+}
+_FIELD_CONVERTERS = {f.name: _CONVERTERS[str(f.type)] for f in fields(ResultRecord)}
+#: Fields without a default that logs written before them may lack.
+_READ_DEFAULTS: dict[str, Any] = {"problem": {}, "device": ""}
+
+
+def _typed(data: Mapping[str, Any]) -> ResultRecord:
+    values = dict(_READ_DEFAULTS)
+    for name, value in data.items():
+        convert = _FIELD_CONVERTERS.get(name)
+        if convert is None:
+            continue  # a field of a newer minor version, or of another tool: ignored
+        try:
+            values[name] = convert(value)
+        except _WrongType as exc:
+            raise _WrongType(f"{name} is {type(value).__name__} {value!r:.40}, expected {exc}") from None
+    return ResultRecord(**values)
 
 
 #: Columns `records_frame` adds to the record fields and the flattened knobs.
@@ -197,7 +323,7 @@ DERIVED_COLUMNS = ("median_ms", "min_ms", "baseline_median_ms", "speedup")
 
 
 def records_frame(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[ResultRecord],
     *,
     include_baselines: bool = False,
     kinds: Sequence[str] = ("candidate",),
@@ -212,27 +338,25 @@ def records_frame(
     median, > 1 is faster than the compiler default); NaN where not measured. Knob columns keep
     the names of the enumeration table (`tile_m`, `vec_n`, ...), so tables can be joined on them.
     """
+    wanted = {str(k) for k in kinds} | ({RecordKind.BASELINE.value} if include_baselines else set())
     rows: list[dict[str, Any]] = []
     for record in records:
-        kind = record.get("kind")
-        if kind not in kinds and not (include_baselines and kind == "baseline"):
+        if record.kind.value not in wanted:
             continue
-        row = {k: v for k, v in record.items() if k not in ("knobs", "problem")}
-        row.setdefault("target_cpu", "")  # logs written before the field: this machine's CPU
-        knobs = record.get("knobs") or {}
-        for name, value in knobs.items():
+        row = {k: v for k, v in vars(record).items() if k not in ("knobs", "problem")}
+        row["kind"] = record.kind.value
+        for name, value in record.knobs.items():
             if name not in row or name == "pipeline":
                 row[name] = value
-        row["problem"] = record.get("problem")
-        times = record.get("times_ms") or []
-        row["median_ms"] = _median(times)
-        row["min_ms"] = float(min(times)) if times else float("nan")
-        row["baseline_median_ms"] = _median(record.get("baseline_times_ms"))
+        row["problem"] = record.problem
+        row["median_ms"] = estimate(record.times_ms, "median")
+        row["min_ms"] = estimate(record.times_ms, "min")
+        row["baseline_median_ms"] = estimate(record.baseline_times_ms, "median")
         rows.append(row)
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    frame["speedup"] = frame["baseline_median_ms"] / frame["median_ms"]
+    frame["speedup"] = speedup(frame["baseline_median_ms"].to_numpy(), frame["median_ms"].to_numpy())
     return frame
 
 
@@ -245,12 +369,12 @@ def load_results(
     """Read one or more `results.jsonl` files (or output directories) into a DataFrame."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    records: list[dict[str, Any]] = []
+    records: list[ResultRecord] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             path = path / "results.jsonl"
         if not path.exists():
             raise DispatchTuneError(f"no results file at {path}")
-        records.extend(read_records(path))
+        records.extend(read_results(path))
     return records_frame(records, include_baselines=include_baselines, kinds=kinds)

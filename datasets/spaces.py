@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
 from dispatchtune.datasets.kerneltuner import KernelTunerGemm, load_kerneltuner
-from dispatchtune.datasets.records import read_records, records_frame
+from dispatchtune.datasets.records import ResultRecord, read_results, records_frame
 from dispatchtune.datasets.shipped import resolve
 from dispatchtune.errors import InputError
 from dispatchtune.problem import Problem
@@ -133,7 +132,7 @@ def log_spaces(
     logs: Sequence[Path], time_column: str = "min_ms", progress: bool = False
 ) -> list[MeasuredSpace]:
     """One space per (problem, target, CPU[, enumeration digest]) of results logs."""
-    records = [record for path in logs for record in read_records(path)]
+    records = [record for path in logs for record in read_results(path)]
     frame = records_frame(records)
     if frame.empty:
         return []
@@ -179,11 +178,11 @@ def _valid_rows(frame: pd.DataFrame, time_column: str) -> np.ndarray:
     return ok.to_numpy() & np.isfinite(times) & (times > 0)
 
 
-def _knob_names(records: Iterable[Mapping[str, Any]]) -> list[str]:
+def _knob_names(records: Iterable[ResultRecord]) -> list[str]:
     """Every knob name the records log, in first-seen order (`records_frame` flattens them)."""
     names: dict[str, None] = {}
     for record in records:
-        names.update(dict.fromkeys(record.get("knobs") or {}))
+        names.update(dict.fromkeys(record.knobs or {}))
     return list(names)
 
 

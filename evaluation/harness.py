@@ -32,11 +32,13 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
 from dispatchtune.features.spaces import has_features, space_features
 
-ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
+#: The orderings the harness replays (not the tuner's `--order` choices, `tuner.loop.TUNE_ORDERS`).
+EVALUATION_ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
 LEARNED = ("rf", "gbm", "lambdarank")
 STOCHASTIC = ("random", "online", "tpe")
 COLUMNS = (
@@ -80,11 +82,6 @@ def load_replay_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
 
 
 # ---- orders ----------------------------------------------------------------------------------
-def _static_order(scores: np.ndarray, seed: int) -> np.ndarray:
-    keyed = np.where(np.isnan(scores), -np.inf, scores)
-    return np.lexsort((np.random.default_rng(seed).random(len(scores)), -keyed))
-
-
 class _Models:
     """Learned models per held-out space, trained once and reused across seeds."""
 
@@ -199,9 +196,9 @@ def replay_spaces(
     progress: bool = True,
 ) -> pd.DataFrame:
     """One row per (space, order, seed): see `COLUMNS`. Orders without what they need are skipped."""
-    unknown = [o for o in orders if o not in ORDERS]
+    unknown = [o for o in orders if o not in EVALUATION_ORDERS]
     if unknown:
-        raise InputError(f"unknown order {unknown[0]!r}; choose from {', '.join(ORDERS)}")
+        raise InputError(f"unknown order {unknown[0]!r}; choose from {', '.join(EVALUATION_ORDERS)}")
     if threshold <= 0:
         raise InputError("--threshold must be > 0")
     models = _Models(spaces, split)
@@ -233,7 +230,7 @@ def replay_spaces(
                 order, invalid = _tpe_order(space, seed, limit)
             else:
                 assert scores is not None
-                order = _static_order(scores, seed)[:limit]
+                order = order_by_score(scores, seed)[:limit]
             rows.append(_row(space, name, seed, order, threshold, invalid))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 

@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.costmodel.knob_heuristic import size_knobs
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.errors import InputError
 
 
@@ -78,7 +79,7 @@ class OnlineSearch:
         self.x = np.nan_to_num(np.column_stack([x, self.prior_z]), nan=0.0, posinf=0.0, neginf=0.0)
         n = x.shape[0]
         # Prior order with a seeded tie-break: solver order clusters similar candidates.
-        self._prior_order = np.lexsort((np.asarray(self.rng.random(n)), -self.prior_z))
+        self._prior_order = order_by_score(self.prior_z, self.rng)
         self.times = np.full(n, np.nan)  # measured time (inf = failed)
         self.pending: set[int] = set()
         self.skipped = np.zeros(n, dtype=bool)  # never to be asked, no result (e.g. duplicates)

@@ -127,6 +127,18 @@ class CandidateSet:
         row = self.table.iloc[i]
         return self.materializers[str(row["pipeline"])].compilation_info(row)
 
+    def digest(self) -> str:
+        """Identity of this enumeration: results name their candidates by row (`candidate_id`), and
+        another IREE, Z3 model or CPU numbers the rows differently. Cheap: hashes the table, not
+        the MLIR strings."""
+        import hashlib
+
+        table = self.table.reset_index(drop=True)
+        hashed = pd.util.hash_pandas_object(table, index=True).to_numpy()
+        digest = hashlib.sha256(f"{self.problem.key}@{self.target.name}:{len(table)}".encode())
+        digest.update(hashed.tobytes())
+        return digest.hexdigest()[:16]
+
     def iter_compilation_infos(self, rows: Sequence[int] | None = None) -> Iterator[str]:
         """`compilation_info` text of the given rows (all rows by default), in that order."""
         for i in rows if rows is not None else range(len(self.table)):

@@ -17,6 +17,7 @@ import optuna
 import pandas as pd
 import pytest
 
+from dispatchtune.datasets.records import read_results
 from dispatchtune.errors import InputError
 from dispatchtune.search.online import OnlineSearch, OnlineSettings, replay
 from dispatchtune.search.optuna_search import PARAM as CANDIDATE_PARAM
@@ -174,9 +175,8 @@ def _tune(out: Path, budget: int, *extra: str) -> subprocess.Popen[str]:
 
 
 def _benchmarked(out: Path) -> list[int]:
-    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    return [r["candidate_id"] for r in rows
-            if r["kind"] == "candidate" and r["bench_status"] != "skipped"]
+    return [r.candidate_id for r in read_results(out / "results.jsonl")
+            if r.is_candidate and r.bench_status != "skipped"]
 
 
 def test_two_tune_workers_on_one_storage(tmp_path: Path) -> None:
@@ -209,3 +209,6 @@ def test_online_run_resumes_without_remeasuring(tmp_path: Path) -> None:
     assert second.returncode == 0, err[-2000:]
     after = _benchmarked(out)
     assert after[:3] == before and len(after) == len(set(after)) == 5
+    # Both runs logged the same enumeration, so the second imported the first's results.
+    (digest,) = {r.space_digest for r in read_results(out / "results.jsonl")}
+    assert len(digest) == 16

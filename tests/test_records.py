@@ -1,4 +1,5 @@
-"""The versioned results.jsonl format: durable appends, corrupt lines, foreign schemas, frames."""
+"""The versioned results.jsonl format: durable appends, typed reads, corrupt lines, foreign schemas,
+frames."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from dispatchtune.datasets.records import (
     BASELINE_ID,
     SCHEMA,
     CorruptRecordWarning,
+    RecordKind,
     ResultRecord,
     ResultsLog,
     load_results,
     read_records,
+    read_results,
     record_from_dict,
     records_frame,
 )
@@ -40,13 +43,55 @@ def test_roundtrip_keeps_every_field(tmp_path: Path) -> None:
     first = _candidate(3, [1.0, 1.1, 0.9], verify_status="ok", max_abs_error=1e-6)
     log.append(first)
     log.append(ResultRecord(problem=PROBLEM.to_dict(), problem_key=PROBLEM.key, target="host",
-                            device="local-sync", candidate_id=BASELINE_ID, kind="baseline",
-                            times_ms=[2.0]))
+                            device="local-sync", candidate_id=BASELINE_ID,
+                            kind=RecordKind.BASELINE, times_ms=[2.0]))
     back = list(read_records(tmp_path / "results.jsonl"))
     assert [r["kind"] for r in back] == ["candidate", "baseline"]
     assert back[0]["schema"] == SCHEMA
     assert record_from_dict(back[0]) == first
     assert Problem.from_dict(back[0]["problem"]) == PROBLEM
+
+
+def test_typed_records_read_back_as_written(tmp_path: Path) -> None:
+    log = ResultsLog(tmp_path / "results.jsonl")
+    written = [
+        _candidate(3, [1.0, 1.1, 0.9], verify_status="ok", max_abs_error=1e-6, score=0.25,
+                   duplicate_of=None, space_digest="0123456789abcdef"),
+        ResultRecord(problem=PROBLEM.to_dict(), problem_key=PROBLEM.key, target="host",
+                     device="local-sync", candidate_id=BASELINE_ID, kind=RecordKind.BASELINE,
+                     times_ms=[2.0]),
+    ]
+    for record in written:
+        log.append(record)
+    back = list(read_results(tmp_path / "results.jsonl"))
+    assert back == written
+    assert back[0].is_candidate and back[1].is_baseline and not back[1].is_confirm
+    assert back[0].space_digest == "0123456789abcdef"
+    assert back[0].learned_time() == pytest.approx(0.9)
+    assert back[0].learned_time("median") == pytest.approx(1.0)
+
+
+def test_older_logs_take_defaults_and_wrong_types_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    old = {"schema": SCHEMA, "kind": "candidate", "problem_key": PROBLEM.key, "target": "host",
+           "candidate_id": 4, "compile_status": "ok", "times_ms": [1.5], "bench_status": "ok"}
+    wrong_times = {**old, "candidate_id": 5, "times_ms": "fast"}
+    wrong_id = {**old, "candidate_id": "6"}
+    wrong_kind = {**old, "candidate_id": 7, "kind": "guess"}
+    path.write_text("\n".join(json.dumps(r) for r in (old, wrong_times, wrong_id, wrong_kind)) + "\n")
+    with pytest.warns(CorruptRecordWarning) as caught:
+        back = list(read_results(path))
+    (record,) = back
+    # Fields the old log lacks: their defaults (no digest: the enumeration is unknown).
+    assert record.candidate_id == 4 and record.space_digest == "" and record.device == ""
+    assert record.verify_status == "skipped" and record.learned_time() == 1.5
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 3
+    assert f"{path}:2: corrupt record skipped (times_ms is str" in messages[0]
+    assert f"{path}:3:" in messages[1] and "candidate_id" in messages[1]
+    assert f"{path}:4:" in messages[2] and "kind" in messages[2]
+    with pytest.raises(DispatchTuneError, match="times_ms"):
+        record_from_dict(wrong_times)
 
 
 def test_torn_last_line_is_reported_and_next_append_starts_a_new_line(tmp_path: Path) -> None:
@@ -98,10 +143,8 @@ def test_frame_flattens_knobs_and_normalises_by_the_baseline(tmp_path: Path) -> 
     assert frame["speedup"].iloc[1] == pytest.approx(0.5)
     assert math.isnan(frame["speedup"].iloc[2])
     assert "problem" in frame.columns and "knobs" not in frame.columns
-    with_base = records_frame(
-        [{"kind": "baseline", "times_ms": [2.0]}, {"kind": "candidate", "times_ms": [1.0]}],
-        include_baselines=True,
-    )
+    baseline = _candidate(BASELINE_ID, [2.0], kind=RecordKind.BASELINE)
+    with_base = records_frame([baseline, _candidate(1, [1.0])], include_baselines=True)
     assert len(with_base) == 2
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from dispatchtune.candidate import Candidate
 from dispatchtune.cli import main as cli_main
-from dispatchtune.datasets.records import CorruptRecordWarning, read_records
+from dispatchtune.datasets.records import CorruptRecordWarning, read_results
 from dispatchtune.ir.spec import applied_configs, config_applied
 from dispatchtune.targets import get_target
 from dispatchtune.tuner.loop import TuneOptions, tune
@@ -71,40 +71,40 @@ def test_loop_logs_every_outcome_and_writes_an_applied_spec(tmp_path: Path) -> N
     out = tmp_path / "run"
     options = fast(budget=2, baseline_every=1, min_speedup=0.0)
     result = tune(FIXTURE, HOST, out, options, candidates=candidates())
-    records = list(read_records(out / "results.jsonl"))
-    by_id = {r["candidate_id"]: r for r in records if r["kind"] == "candidate"}
-    baselines = [r for r in records if r["kind"] == "baseline"]
+    records = list(read_results(out / "results.jsonl"))
+    by_id = {r.candidate_id: r for r in records if r.is_candidate}
+    baselines = [r for r in records if r.is_baseline]
 
     # Start, after each benchmark (baseline_every=1) and at the end: drift is visible.
     assert len(baselines) >= 3
-    assert all(len(b["times_ms"]) == 3 and b["candidate_id"] == -1 for b in baselines)
-    assert baselines[0]["compilation_info"].startswith("#iree_codegen.compilation_info")
+    assert all(len(b.times_ms) == 3 and b.candidate_id == -1 for b in baselines)
+    assert baselines[0].compilation_info.startswith("#iree_codegen.compilation_info")
     # The CPU `host` stood for is logged, so the log is featurised for it on any machine.
-    assert {r["target_cpu"] for r in records} == {HOST.cpu_facts().cpu}
+    assert {r.target_cpu for r in records} == {HOST.cpu_facts().cpu}
 
     bad, gpu = by_id[10], by_id[12]
-    assert bad["compile_status"] == "failed" and "large vector sizes" in bad["compile_error"]
-    assert gpu["compile_status"] == "failed" and "pass pipeline" in gpu["compile_error"]
-    assert bad["times_ms"] == [] and bad["bench_status"] == "skipped"
+    assert bad.compile_status == "failed" and "large vector sizes" in bad.compile_error
+    assert gpu.compile_status == "failed" and "pass pipeline" in gpu.compile_error
+    assert bad.times_ms == [] and bad.bench_status == "skipped"
 
-    benched = [r for r in by_id.values() if r["bench_status"] == "ok"]
+    benched = [r for r in by_id.values() if r.bench_status == "ok"]
     assert len(benched) == 2  # the budget counts benchmarks, not failures
     for record in benched:
-        assert record["compile_status"] == "ok" and len(record["binary_sha256"]) == 64
-        assert len(record["times_ms"]) == 3 and len(record["baseline_times_ms"]) == 3
-        assert record["verify_status"] == "ok" and record["max_abs_error"] < 1e-3
-        assert record["iree_version"] and record["device"] == "local-sync"
+        assert record.compile_status == "ok" and len(record.binary_sha256) == 64
+        assert len(record.times_ms) == 3 and len(record.baseline_times_ms) == 3
+        assert record.verify_status == "ok" and (record.max_abs_error or 0.0) < 1e-3
+        assert record.iree_version and record.device == "local-sync"
 
     # The spec holds the best candidate, and IREE really applies it to the dispatch.
     best = result.summaries[0].best
-    assert best is not None and best["candidate_id"] in {r["candidate_id"] for r in benched}
+    assert best is not None and best["candidate_id"] in {r.candidate_id for r in benched}
     assert result.spec_path is not None and result.spec_path.exists()
     applied = applied_configs(FIXTURE, HOST, result.spec_path)
     assert any(config_applied(best["compilation_info"], a) for a in applied)
     # The finalists were re-measured in rounds interleaved with the default.
-    confirms = [r for r in records if r["kind"] == "confirm"]
+    confirms = [r for r in records if r.is_confirm]
     assert len(confirms) == 2 * 2  # 2 finalists x 2 rounds
-    assert all(len(r["baseline_times_ms"]) == 3 and r["bench_status"] == "ok" for r in confirms)
+    assert all(len(r.baseline_times_ms) == 3 and r.bench_status == "ok" for r in confirms)
     assert result.summaries[0].confirm_rounds == 2
     summary = (out / "summary.md").read_text()
     assert "compile failed" in summary and "speedup" in summary
@@ -119,20 +119,20 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     cands = [Candidate(1, config), Candidate(2, config.replace(", ", ",  "))]
     options = fast(budget=2, verify=False, confirm_top=0)
     tune(FIXTURE, HOST, out, options, candidates=cands)
-    records = {r["candidate_id"]: r for r in read_records(out / "results.jsonl")
-               if r["kind"] == "candidate"}
-    statuses = sorted(r["compile_status"] for r in records.values())
+    records = {r.candidate_id: r for r in read_results(out / "results.jsonl")
+               if r.is_candidate}
+    statuses = sorted(r.compile_status for r in records.values())
     assert statuses == ["duplicate", "ok"]
-    dup = next(r for r in records.values() if r["compile_status"] == "duplicate")
-    assert dup["duplicate_of"] in (1, 2) and dup["times_ms"] == []
+    dup = next(r for r in records.values() if r.compile_status == "duplicate")
+    assert dup.duplicate_of in (1, 2) and dup.times_ms == []
 
     timed = tmp_path / "timeout"
     result = tune(
         FIXTURE, HOST, timed, fast(budget=1, compile_timeout_s=0.05, verify=False, confirm_top=0),
         candidates=[Candidate(5, cpu_config((32, 32), (8, 32), 4))],
     )
-    (record,) = [r for r in read_records(timed / "results.jsonl") if r["kind"] == "candidate"]
-    assert record["compile_status"] == "timeout" and "timed out" in record["compile_error"]
+    (record,) = [r for r in read_results(timed / "results.jsonl") if r.is_candidate]
+    assert record.compile_status == "timeout" and "timed out" in record.compile_error
     # Nothing beat the default: the spec, if any, configures nothing, and the summary says so.
     assert "No candidate beat the compiler default" in (timed / "summary.md").read_text()
     assert result.summaries[0].best is None and "compile timeout 1" in result.text
@@ -143,11 +143,11 @@ def test_duplicates_and_timeouts_are_recorded_not_benchmarked(tmp_path: Path) ->
     built = tmp_path / "compile_only"
     result = tune(FIXTURE, HOST, built, fast(budget=1, compile_only=True),
                   candidates=[Candidate(6, cpu_config((32, 32), (8, 32), 4))])
-    logged = list(read_records(built / "results.jsonl"))
-    assert [(r["kind"], r["compile_status"], r["bench_status"]) for r in logged] == [
+    logged = list(read_results(built / "results.jsonl"))
+    assert [(r.kind, r.compile_status, r.bench_status) for r in logged] == [
         ("candidate", "ok", "skipped")
     ]
-    assert len(logged[0]["binary_sha256"]) == 64 and "Compile-only" in result.text
+    assert len(logged[0].binary_sha256) == 64 and "Compile-only" in result.text
 
 
 _KILLABLE = """
@@ -191,14 +191,14 @@ def test_kill_and_resume_loses_nothing_and_remeasures_nothing(tmp_path: Path) ->
     with pytest.warns(CorruptRecordWarning, match=rf"results\.jsonl:{bad_line}: corrupt record"):
         tune(FIXTURE, HOST, out, options, candidates=candidates())
     with pytest.warns(CorruptRecordWarning):
-        after = [r for r in read_records(results) if r["kind"] == "candidate"]
-    ids = [r["candidate_id"] for r in after]
+        after = [r for r in read_results(results) if r.is_candidate]
+    ids = [r.candidate_id for r in after]
     assert len(ids) == len(set(ids)), "a candidate was tried twice"
     for cid, stamp in measured_before.items():  # kept as they were, not re-measured
-        assert next(r["timestamp"] for r in after if r["candidate_id"] == cid) == stamp
-    assert sum(r["bench_status"] == "ok" for r in after) == 3
+        assert next(r.timestamp for r in after if r.candidate_id == cid) == stamp
+    assert sum(r.bench_status == "ok" for r in after) == 3
     # Both failing configs come first or in between, so all six were tried exactly once.
-    assert {r["candidate_id"] for r in after} <= {c.candidate_id for c in candidates()}
+    assert {r.candidate_id for r in after} <= {c.candidate_id for c in candidates()}
     assert {10, 12} <= set(ids)
 
     # A third run with the same budget has nothing left to do and measures nothing.
@@ -230,11 +230,14 @@ def test_cli_tunes_with_the_real_enumerator_and_ranker(
     assert code == 0
     printed = capsys.readouterr().out
     assert "benchmarked 2" in printed and "speedup" in printed
-    records = [r for r in read_records(out / "results.jsonl") if r["kind"] == "candidate"]
-    assert all(r["order"] == "random" for r in records)
-    # Rows of the Z3 enumeration table, ordered by dispatchtune.rank, with their knobs.
-    assert all(r["candidate_id"] >= 0 and r["rank"] >= 0 and "tile_m" in r["knobs"]
+    records = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
+    assert all(r.order == "random" for r in records)
+    # Rows of the Z3 enumeration table, ordered by dispatchtune.rank, with their knobs and the
+    # digest of that enumeration.
+    assert all(r.candidate_id >= 0 and r.rank >= 0 and "tile_m" in r.knobs
                for r in records)
+    (digest,) = {r.space_digest for r in records}
+    assert len(digest) == 16
     assert (out / "summary.md").exists()
 
 
@@ -262,9 +265,9 @@ def test_a_wrong_output_is_recorded_as_a_miscompile_and_never_chosen(
     options = fast(budget=1, confirm_top=0, min_speedup=0.0)
     candidate = Candidate(7, cpu_config((32, 64), (8, 16), 8))
     result = tune(FIXTURE, HOST, out, options, candidates=[candidate])
-    (record,) = [r for r in read_records(out / "results.jsonl") if r["kind"] == "candidate"]
-    assert record["bench_status"] == "ok" and len(record["times_ms"]) == 3
-    assert record["verify_status"] == "mismatch" and record["max_abs_error"] == pytest.approx(1.0)
-    assert "miscompile" in record["verify_error"]
+    (record,) = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
+    assert record.bench_status == "ok" and len(record.times_ms) == 3
+    assert record.verify_status == "mismatch" and record.max_abs_error == pytest.approx(1.0)
+    assert "miscompile" in record.verify_error
     assert result.summaries[0].miscompiles == [7] and result.summaries[0].best is None
     assert "MISCOMPILES" in result.text and "[7]" in (out / "summary.md").read_text()

@@ -4,8 +4,9 @@
 dispatch benchmark):
 
 1. dump the dispatch benchmarks, strip their configs and fill their buffers (`benchfile`);
-2. enumerate the candidates with Z3 (`dispatchtune.search.enumerate_candidates`) and order them
-   (`dispatchtune.rank`, heuristic or random);
+2. enumerate the candidates with Z3 (`dispatchtune.search.enumerate_candidates`) and take them from
+   a `search.source.CandidateSource`: a static order (`dispatchtune.rank`: heuristic, random or a
+   learned model) or the online search, which is told every outcome;
 3. build the compiler-default baseline (binary, reference outputs) and measure it on each device;
 4. stream candidates through a pool of compile workers (spec -> binary -> applied-config check ->
    dedup by sha256 -> function build for verification) while the device workers benchmark and
@@ -24,11 +25,12 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,12 +40,15 @@ from typing import Any
 import numpy as np
 
 from dispatchtune.candidate import Candidate
+from dispatchtune.costmodel.rank import STATIC_ORDERS
 from dispatchtune.datasets.records import (
     BASELINE_ID,
+    RecordKind,
     ResultRecord,
     ResultsLog,
-    read_records,
+    read_results,
 )
+from dispatchtune.datasets.timing import ESTIMATORS, estimate, speedup
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.measure.benchfile import (
     PreparedDispatch,
@@ -65,10 +70,16 @@ from dispatchtune.measure.process import kill_children
 from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
 from dispatchtune.measure.verify import Call, compare, problem_call
 from dispatchtune.problem import Problem
+from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.tuner.report import TuneResult, summarize, usable_candidates, write_outputs
 
-ORDERS = ("heuristic", "random", "model", "online")
+#: `--order` choices: the static orders of `rank`, and the online search.
+TUNE_ORDERS: tuple[str, ...] = (*STATIC_ORDERS, "online")
+ORDERS = TUNE_ORDERS  # the name the CLI modules import
+
+__all__ = ["ORDERS", "TUNE_ORDERS", "CandidateFactory", "TuneOptions", "TuneResult", "tune"]
 
 
 @dataclass
@@ -113,80 +124,62 @@ class TuneOptions:
     def validate(self) -> None:
         if self.budget < 1:
             raise DispatchTuneError("--budget must be at least 1")
-        if self.order not in ORDERS:
-            raise DispatchTuneError(f"--order must be one of {', '.join(ORDERS)}")
+        if self.order not in TUNE_ORDERS:
+            raise DispatchTuneError(f"--order must be one of {', '.join(TUNE_ORDERS)}")
         if self.repetitions < 1:
             raise DispatchTuneError("--repetitions must be at least 1")
         if self.baseline_every < 1:
             raise DispatchTuneError("--baseline-every must be at least 1")
-        if self.estimator not in ("min", "median"):
-            raise DispatchTuneError("--estimator must be min or median")
+        if self.estimator not in ESTIMATORS:
+            raise DispatchTuneError(f"--estimator must be one of {', '.join(ESTIMATORS)}")
         if self.order == "online" and self.compile_only:
             raise DispatchTuneError("--order online learns from benchmarks; it cannot run --compile-only")
         if self.stop_patience < 0 or self.time_limit_s < 0:
             raise DispatchTuneError("--stop-patience and --time-limit must be >= 0")
 
 
-@dataclass
-class TuneResult:
-    """Paths written by `tune` and the per-dispatch summaries."""
-
-    output_dir: Path
-    results_path: Path
-    spec_path: Path
-    summary_path: Path
-    plot_path: Path | None
-    summaries: list[Any] = field(default_factory=list)
-    text: str = ""
+#: `tune(candidates=...)` as a function: the candidate source of one dispatch.
+CandidateFactory = Callable[[Problem, Target, TuneOptions], CandidateSource]
 
 
-CandidateSource = Callable[[Problem, Target, TuneOptions], Iterable[Candidate]]
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def ranked_candidates(
-    problem: Problem, target: Target, options: TuneOptions
-) -> Iterator[Candidate]:
-    """The real search space of a problem in benchmark order (Z3 enumeration + ranking).
-
-    Enumeration and ranking are columnar over the whole space; each candidate's
-    `compilation_info` is materialised lazily, only when the loop reaches it.
-    """
-    from dispatchtune import rank
+def candidate_source(
+    problem: Problem,
+    target: Target,
+    options: TuneOptions,
+    output_dir: Path,
+    history: Sequence[ResultRecord] = (),
+) -> CandidateSource:
+    """The candidates of one dispatch as `options.order` asks: online, or a static ranking."""
     from dispatchtune.search import enumerate_candidates
 
     cset = enumerate_candidates(problem, target)
     model = None
-    if options.order == "model" or options.model_path is not None:
+    if options.order in ("model", "online") or options.model_path is not None:
         from dispatchtune.costmodel.defaults import model_for_target
 
         # Say which model orders the run: a missing default silently meaning "heuristic" would
         # be one more silent fallback.
         model, where = model_for_target(target.name, options.model_path)
         if options.progress is not False:
-            print(f"{problem.key[:40]}: candidates ordered by the {where}", file=sys.stderr)
-    table = rank(cset, problem, target, order=options.order, seed=options.seed, model=model)
-    ids = table["candidate_id"].to_numpy()
-    scores = table["score"].to_numpy(dtype=float) if "score" in table else None
-    for position in range(len(table)):
-        score = None if scores is None or np.isnan(scores[position]) else float(scores[position])
-        yield table_candidate(cset, table.iloc[position], int(ids[position]), position, score)
+            how = "online search, prior from" if options.order == "online" else "candidates ordered by"
+            print(f"{problem.key[:40]}: {how} the {where}", file=sys.stderr)
+    if options.order != "online":
+        return ranked_order(cset, options.order, options.seed, model)
+    from dispatchtune.search.online_source import OnlineSource
+    from dispatchtune.search.optuna_search import default_storage
 
-
-def table_candidate(
-    cset: Any, row: Any, candidate_id: int, rank: int, score: float | None
-) -> Candidate:
-    """The `Candidate` of one row of a (ranked) candidate table; its knobs are the row's columns."""
-    return Candidate(
-        candidate_id=candidate_id,
-        compilation_info=cset.compilation_info(candidate_id),
-        pipeline=str(row.get("pipeline", "")),
-        knobs={c: _plain(row[c]) for c in row.index if c not in ("score", "candidate_id")},
-        rank=rank,
-        score=score,
+    assert model is not None
+    return OnlineSource(
+        cset, model,
+        storage=options.storage or default_storage(output_dir),
+        budget=options.budget,
+        worker=f"{socket.gethostname()}:{output_dir.resolve()}",
+        seed=options.seed,
+        time_limit_s=options.time_limit_s,
+        margin=options.stop_margin,
+        patience=options.stop_patience,
+        estimator=options.estimator,
+        history=history,
     )
 
 
@@ -250,7 +243,7 @@ class _DispatchTuner:
         target: Target,
         options: TuneOptions,
         log: ResultsLog,
-        history: list[dict[str, Any]],
+        history: Sequence[ResultRecord],
         session: str,
         work_dir: Path,
         runner: Runner | None = None,
@@ -274,18 +267,16 @@ class _DispatchTuner:
         )
         self.stop = threading.Event()
         self.iree_version = iree_compiler_version()
-        mine = [
-            r for r in history
-            if r.get("problem_key") == self.problem.key and r.get("target") == target.name
-        ]
-        self.done = {r.get("compilation_info", "") for r in mine if r.get("kind") == "candidate"}
-        self.benchmarked = sum(1 for r in mine if r.get("kind") == "candidate" and self._counts(r))
+        # Candidates are known by their configuration, not their id: ids are rows of one
+        # enumeration, and a configuration logged under another enumeration is still done.
+        mine = [r for r in history if r.is_candidate and r.belongs_to(self.problem.key, target.name)]
+        self.done = {r.compilation_info for r in mine}
+        self.benchmarked = sum(1 for r in mine if self._counts(r))
         # Binaries built by earlier runs count for dedup too (same compiler, same input).
         for r in mine:
-            if r.get("kind") == "candidate" and r.get("compile_status") == "ok":
-                sha = r.get("binary_sha256")
-                if sha:
-                    self.registry.claim(str(sha), int(r["candidate_id"]))
+            if r.compile_status == "ok" and r.binary_sha256:
+                self.registry.claim(r.binary_sha256, r.candidate_id)
+        self.space_digest = ""  # of the source's enumeration, set when the run starts
         self.reference: np.ndarray | None = None
         self.call: Call | None = None
         self.verify_note = ""
@@ -295,11 +286,11 @@ class _DispatchTuner:
         self.baseline_compile_s = 0.0
         self.baseline_sha = ""
 
-    def _counts(self, record: dict[str, Any]) -> bool:
+    def _counts(self, record: ResultRecord) -> bool:
         """Whether a logged candidate used up budget (was benchmarked; compile-only: was built)."""
         if self.options.compile_only:
-            return record.get("compile_status") == "ok"
-        return record.get("bench_status") != "skipped"
+            return record.compile_status == "ok"
+        return record.bench_status != "skipped"
 
     # -- records --------------------------------------------------------------------------------
     def _record(self, **fields: Any) -> ResultRecord:
@@ -311,6 +302,7 @@ class _DispatchTuner:
             iree_version=self.iree_version,
             session=self.session,
             order=self.options.order,
+            space_digest=self.space_digest,
             **fields,
         )
 
@@ -448,14 +440,12 @@ class _DispatchTuner:
     # -- confirmation ---------------------------------------------------------------------------
     def _confirm(self, progress: Any) -> None:
         """Re-measure the best candidates in rounds interleaved with the default config."""
-        from dispatchtune.tuner.report import summarize, usable_candidates
-
         top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
         if top_n <= 0 or rounds <= 0:
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
-            records = list(read_records(self.log.path))
+            records = list(read_results(self.log.path))
         frame = summarize(
             records, self.problem, self.target, self.options.min_speedup, self.options.estimator
         ).frame
@@ -465,9 +455,9 @@ class _DispatchTuner:
         if finalists.empty:
             return
         knobs = {
-            int(r["candidate_id"]): r.get("knobs")
+            r.candidate_id: r.knobs
             for r in records
-            if r.get("kind") == "candidate" and r.get("problem_key") == self.problem.key
+            if r.is_candidate and r.belongs_to(self.problem.key, self.target.name)
         }
         ctx = self._context()
         binaries: list[tuple[dict[Any, Any], Path]] = []
@@ -496,7 +486,7 @@ class _DispatchTuner:
                     run = self._benchmark(vmfb, device)
                     self._append(
                         self._record(
-                            kind="confirm",
+                            kind=RecordKind.CONFIRM,
                             device=device.uri,
                             candidate_id=int(row["candidate_id"]),
                             rank=int(row.get("rank", -1)),
@@ -542,10 +532,9 @@ class _DispatchTuner:
             )
         )
 
-    def _record_bench(self, bench: _BenchOutcome) -> None:
+    def _record_bench(self, bench: _BenchOutcome) -> ResultRecord:
         compiled = bench.compiled
-        self._append(
-            self._record(
+        record = self._record(
                 device=bench.device,
                 compile_status="ok",
                 compile_time_s=compiled.compile_time_s,
@@ -558,20 +547,27 @@ class _DispatchTuner:
                 verify_error=bench.verify_error,
                 max_abs_error=bench.max_abs_error,
                 **self._candidate_fields(compiled.candidate),
-            )
         )
+        self._append(record)
+        return record
 
-    def run(self, candidates: Iterable[Candidate], progress: Any) -> None:
+    def _candidates(self, source: CandidateSource) -> Iterator[Candidate]:
+        """The source's candidates this run has not tried yet, at most `max_attempts` of them."""
+        attempts = self.options.max_attempts or 4 * self.options.budget + 8
+        while attempts > 0 and (candidate := source.ask()) is not None:
+            if candidate.compilation_info in self.done:
+                source.skip(candidate)  # this output directory already holds its result
+                continue
+            attempts -= 1
+            yield candidate
+
+    def run(self, source: CandidateSource, progress: Any) -> None:
+        """Try the source's candidates until the budget is spent, telling it every outcome."""
         budget = self.options.budget
         if self.benchmarked >= budget:
             return
-        max_attempts = self.options.max_attempts or 4 * budget + 8
-        # An online source learns from every outcome and is told them; a static order is not.
-        tell = getattr(candidates, "tell", None)
-        skip = getattr(candidates, "skip", None)
-        release = getattr(candidates, "release", None)
-        todo = (c for c in candidates if c.compilation_info not in self.done)
-        pending: Iterator[Candidate] = itertools.islice(todo, max_attempts)
+        self.space_digest = source.space_digest
+        pending: Iterator[Candidate] = self._candidates(source)
         first = next(pending, None)
         if first is None:
             return
@@ -615,15 +611,18 @@ class _DispatchTuner:
                         if compiled.status != "ok":
                             self._record_compile_only(compiled)
                             progress.note_compile(compiled.status)
-                            if compiled.status == "duplicate" and skip is not None:
-                                skip(compiled.candidate)
-                            elif tell is not None:
-                                tell(compiled.candidate, None)
+                            if compiled.status == "duplicate":
+                                source.skip(compiled.candidate)
+                            else:
+                                source.tell(compiled.candidate, None)
                         elif self.options.compile_only:
                             if self.benchmarked < budget:
                                 self._record_compile_only(compiled)
                                 self.benchmarked += 1
                                 progress.note_built(compiled)
+                                source.skip(compiled.candidate)  # built and logged: done
+                            else:
+                                source.release(compiled.candidate)
                             if compiled.vmfb is not None:
                                 compiled.vmfb.unlink(missing_ok=True)
                         elif self.benchmarked + len(benches) < budget:
@@ -635,17 +634,16 @@ class _DispatchTuner:
                             for path in (compiled.vmfb, compiled.verify_vmfb):
                                 if path is not None:
                                     path.unlink(missing_ok=True)
-                            if release is not None:
-                                release(compiled.candidate)
+                            source.release(compiled.candidate)
                     else:
                         del benches[future]
                         bench = future.result()
                         assert isinstance(bench, _BenchOutcome)
-                        self._record_bench(bench)
+                        record = self._record_bench(bench)
                         self.benchmarked += 1
                         progress.note_bench(bench)
-                        if tell is not None:
-                            tell(bench.compiled.candidate, self._measured_time(bench))
+                        source.tell(bench.compiled.candidate,
+                                    record.learned_time(self.options.estimator))
                         if bench.verify_status == "mismatch":
                             progress.write(
                                 f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "
@@ -655,8 +653,7 @@ class _DispatchTuner:
             # later run with a larger budget builds them again).
             for future in compiles:
                 future.cancel()
-                if release is not None:
-                    release(compiles[future])
+                source.release(compiles[future])
             kill_children()
             compile_pool.shutdown(wait=True, cancel_futures=True)
             if not self.options.compile_only:
@@ -676,22 +673,15 @@ class _DispatchTuner:
             compile_pool.shutdown(wait=True, cancel_futures=True)
             bench_pool.shutdown(wait=True, cancel_futures=True)
 
-    def _measured_time(self, bench: _BenchOutcome) -> float | None:
-        """The time an online search learns from: None for a failed or miscompiled candidate."""
-        from dispatchtune.tuner.report import estimate
-
-        if bench.status != "ok" or not bench.times_ms or bench.verify_status == "mismatch":
-            return None
-        return estimate(bench.times_ms, self.options.estimator)
-
 
 class _Progress:
     """Progress of one dispatch: a tqdm bar on a terminal, else one stderr line per result."""
 
-    def __init__(self, total: int, initial: int, desc: str, mode: str) -> None:
+    def __init__(self, total: int, initial: int, desc: str, mode: str, estimator: str = "min") -> None:
         from tqdm import tqdm
 
         self.mode = mode  # bar | lines | off
+        self.estimator = estimator
         self.total, self.done, self.desc = total, min(initial, total), desc
         self.bar = tqdm(
             total=total, initial=self.done, desc=desc, unit="bench",
@@ -706,20 +696,22 @@ class _Progress:
         self._postfix()
 
     def note_bench(self, bench: _BenchOutcome) -> None:
-        speedup = float("nan")
-        if bench.times_ms and bench.baseline_times_ms and bench.verify_status != "mismatch":
-            speedup = min(bench.baseline_times_ms) / min(bench.times_ms)
-            self.best = max(self.best, speedup)
+        took_ms = estimate(bench.times_ms, self.estimator)
+        ratio = speedup(estimate(bench.baseline_times_ms, self.estimator), took_ms)
+        if bench.verify_status == "mismatch":
+            ratio = float("nan")
+        elif ratio == ratio:  # not NaN
+            self.best = max(self.best, ratio)
         if bench.status != "ok":
             self.failures += 1
         self.done += 1
         self.bar.update(1)
         self._postfix()
         if self.mode == "lines":
-            took = f"{min(bench.times_ms):.3f} ms" if bench.times_ms else bench.status
+            took = f"{took_ms:.3f} ms" if bench.times_ms else bench.status
             print(
                 f"[{self.done}/{self.total}] {self.desc} candidate "
-                f"{bench.compiled.candidate.candidate_id}: {took} {speedup:.3f}x "
+                f"{bench.compiled.candidate.candidate_id}: {took} {ratio:.3f}x "
                 f"(verify {bench.verify_status}; best {self.best:.3f}x, failed {self.failures})",
                 file=sys.stderr, flush=True,
             )
@@ -770,16 +762,14 @@ def tune(
     output_dir: str | os.PathLike[str],
     options: TuneOptions | None = None,
     *,
-    candidates: Sequence[Candidate] | CandidateSource | None = None,
+    candidates: Sequence[Candidate] | CandidateFactory | None = None,
 ) -> TuneResult:
     """Tune every dispatch of `path` for `target`; results and spec go to `output_dir`.
 
-    `candidates` replaces the enumerator + ranker: a fixed list (applied to every dispatch) or a
-    function `(problem, target, options) -> candidates`. Resuming is automatic: results already in
-    `output_dir/results.jsonl` are kept and their candidates are not tried again.
+    `candidates` replaces the enumerator + ranker: a fixed list (tried in order on every dispatch)
+    or a function `(problem, target, options) -> CandidateSource`. Resuming is automatic: results
+    already in `output_dir/results.jsonl` are kept and their candidates are not tried again.
     """
-    from dispatchtune.tuner.report import write_outputs
-
     options = options or TuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
@@ -788,7 +778,7 @@ def tune(
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
-    history = list(read_records(results_path))
+    history = list(read_results(results_path))
     log = ResultsLog(results_path)
     work = out / "work"
     session = uuid.uuid4().hex[:12]
@@ -799,43 +789,37 @@ def tune(
     with _sigterm_as_interrupt():
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
-            if candidates is None and options.order == "online":
-                from dispatchtune.tuner.online_source import OnlineCandidates
-
-                ordered: Iterable[Candidate] = OnlineCandidates(
-                    dispatch.problem, target, options, out, history
-                )
-            elif candidates is None:
-                ordered = ranked_candidates(dispatch.problem, target, options)
-            elif callable(candidates):
-                ordered = candidates(dispatch.problem, target, options)
-            else:
-                ordered = candidates
-            tuner = _DispatchTuner(
-                dispatch, target, options, log, history, session, work / dispatch.problem.key
-            )
+            problem = dispatch.problem
+            tuner = _DispatchTuner(dispatch, target, options, log, history, session, work / problem.key)
+            source: CandidateSource | None = None
+            if tuner.benchmarked < options.budget:  # else resumed with the budget spent
+                if candidates is None:
+                    source = candidate_source(problem, target, options, out, history)
+                elif callable(candidates):
+                    source = candidates(problem, target, options)
+                else:
+                    source = StaticOrder(candidates)
             progress = _Progress(
-                options.budget, tuner.benchmarked, dispatch.problem.key[:40], mode
+                options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
             )
             try:
-                tuner.run(ordered, progress)
+                if source is not None:
+                    tuner.run(source, progress)
             finally:
                 progress.close()
-                close = getattr(ordered, "close", None)
-                if close is not None:
-                    close()  # an online source hands its unfinished claims back to the study
-                reason = getattr(ordered, "stop_reason", "")
-                if reason and mode != "off":
-                    print(f"{dispatch.problem.key[:40]}: online search stopped: {reason}",
-                          file=sys.stderr)
+                if source is not None:
+                    source.close()  # an online source hands its open claims back to the study
+                    if source.stop_reason and mode != "off":
+                        print(f"{problem.key[:40]}: search stopped: {source.stop_reason}",
+                              file=sys.stderr)
             if not options.keep_binaries:
                 # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
                 for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
-                    for leftover in (work / dispatch.problem.key).glob(pattern):
+                    for leftover in (work / problem.key).glob(pattern):
                         leftover.unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
-        records = list(read_records(results_path))
+        records = list(read_results(results_path))
     result = write_outputs(records, [d.problem for d in prepared], target, out, options)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)

@@ -12,20 +12,42 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 
-from dispatchtune.datasets.records import records_frame
+from dispatchtune.datasets.records import ResultRecord, as_records, records_frame
+from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 
-if TYPE_CHECKING:
-    from dispatchtune.tuner.loop import TuneOptions, TuneResult
+#: Records as the loop reads them back, or as dicts (readers still on `read_records`).
+Records = Iterable[ResultRecord | Mapping[str, Any]]
+
+
+class ReportSettings(Protocol):
+    """What the report needs of the run's options (`tuner.loop.TuneOptions` has it)."""
+
+    min_speedup: float
+    estimator: str
+    compile_only: bool
+
+
+@dataclass
+class TuneResult:
+    """Paths written by `tune` and the per-dispatch summaries."""
+
+    output_dir: Path
+    results_path: Path
+    spec_path: Path
+    summary_path: Path
+    plot_path: Path | None
+    summaries: list[Any] = field(default_factory=list)
+    text: str = ""
 
 
 @dataclass
@@ -64,28 +86,8 @@ def _reason(message: str) -> str:
     return text[:120] or "no message"
 
 
-def _median(values: Any) -> float:
-    return float(np.median(values)) if isinstance(values, list) and values else float("nan")
-
-
-ESTIMATORS = ("min", "median")
-
-
-def estimate(values: Any, estimator: str = "min") -> float:
-    """One time from a measurement's repetitions.
-
-    `min` (the default) because the noise here is one-sided: measured on this shared VM, single
-    repetitions of the same binary jumped from 2.5 to 7-9 ms while other jobs ran, moving medians
-    by 2x, whereas the minimum of each measurement stayed within a few percent.
-    """
-    if not isinstance(values, (list, tuple, np.ndarray)) or len(values) == 0:
-        return float("nan")
-    arr = np.asarray(values, dtype=float)
-    return float(arr.min() if estimator == "min" else np.median(arr))
-
-
 def _bracket_baselines(
-    frame: pd.DataFrame, records: Sequence[dict[str, Any]], estimator: str
+    frame: pd.DataFrame, records: Sequence[ResultRecord], estimator: str
 ) -> pd.DataFrame:
     """Normalise each candidate by the baselines just before and just after it on its device.
 
@@ -94,15 +96,12 @@ def _bracket_baselines(
     Measured on this shared VM: a burst of outside load doubled one baseline, and the mean of the
     bracketing pair credited an ordinary candidate with a 1.97x "speedup".
     """
+    baselines = [r for r in records if r.is_baseline]
     base = pd.DataFrame(
         {
-            "device": [r.get("device", "") for r in records if r.get("kind") == "baseline"],
-            "timestamp": [r.get("timestamp", 0.0) for r in records if r.get("kind") == "baseline"],
-            "median": [
-                estimate(r.get("times_ms"), estimator)
-                for r in records
-                if r.get("kind") == "baseline"
-            ],
+            "device": [r.device for r in baselines],
+            "timestamp": [r.timestamp for r in baselines],
+            "median": [estimate(r.times_ms, estimator) for r in baselines],
         }
     )
     frame = frame.copy()
@@ -124,28 +123,22 @@ def _bracket_baselines(
         # The faster of the two: load from other jobs only ever slows a measurement down, so
         # this never credits a candidate with a speedup that came from a loaded baseline.
         frame.loc[rows, "baseline_ref_ms"] = np.minimum(medians[before], medians[after])
-    frame["speedup"] = frame["baseline_ref_ms"] / frame["time_ms"]
+    frame["speedup"] = speedup(frame["baseline_ref_ms"].to_numpy(), frame["time_ms"].to_numpy())
     return frame
 
 
 def summarize(
-    records: Sequence[dict[str, Any]],
+    records: Records,
     problem: Problem,
     target: Target,
     min_speedup: float,
     estimator: str = "min",
 ) -> DispatchSummary:
-    mine = [
-        r for r in records if r.get("problem_key") == problem.key and r.get("target") == target.name
-    ]
+    """What the run found for one dispatch (see the module docstring for how the best is chosen)."""
+    mine = [r for r in as_records(records) if r.belongs_to(problem.key, target.name)]
     summary = DispatchSummary(problem)
-    summary.baseline_ms = [
-        _median(r.get("times_ms")) for r in mine if r.get("kind") == "baseline"
-    ]
-    base_times = np.asarray(
-        [t for r in mine if r.get("kind") == "baseline" for t in (r.get("times_ms") or [])],
-        dtype=float,
-    )
+    summary.baseline_ms = [estimate(r.times_ms, "median") for r in mine if r.is_baseline]
+    base_times = np.asarray([t for r in mine if r.is_baseline for t in r.times_ms], dtype=float)
     if base_times.size > 1:
         summary.baseline_cv = float(base_times.std() / base_times.mean())
     frame = records_frame(mine)
@@ -198,7 +191,7 @@ def summarize(
     else:
         best = usable.iloc[0]
         summary.speedup = float(best["speedup"])
-        per_rep = float(best["baseline_ref_ms"]) / np.asarray(best["times_ms"], dtype=float)
+        per_rep = speedup(float(best["baseline_ref_ms"]), np.asarray(best["times_ms"], dtype=float))
         summary.speedup_low, summary.speedup_high = float(per_rep.min()), float(per_rep.max())
     summary.best = {str(k): v for k, v in best.items()}
     summary.in_spec = summary.speedup > min_speedup
@@ -217,7 +210,7 @@ def usable_candidates(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[ok].sort_values("speedup", ascending=False, kind="stable")
 
 
-def confirmations(records: Sequence[dict[str, Any]], estimator: str = "min") -> pd.DataFrame:
+def confirmations(records: Records, estimator: str = "min") -> pd.DataFrame:
     """Per confirmed candidate: median speedup over its rounds, range over rounds x repetitions.
 
     Each `confirm` record is one round of one finalist; a baseline is measured before every round
@@ -225,18 +218,16 @@ def confirmations(records: Sequence[dict[str, Any]], estimator: str = "min") -> 
     it (as in screening), so every ratio compares measurements taken seconds apart and a burst of
     outside load on one baseline cannot make a finalist look fast.
     """
-    confirm = [
-        r for r in records
-        if r.get("kind") == "confirm" and r.get("times_ms") and r.get("bench_status") == "ok"
-    ]
+    typed = as_records(records)
+    confirm = [r for r in typed if r.is_confirm and r.times_ms and r.bench_status == "ok"]
     if not confirm:
         return pd.DataFrame(columns=["candidate_id", "speedup", "low", "high", "rounds"])
-    frame = _bracket_baselines(pd.DataFrame(confirm), records, estimator)
+    frame = _bracket_baselines(records_frame(confirm, kinds=("confirm",)), typed, estimator)
     frame = frame[frame["baseline_ref_ms"].notna()]
     if frame.empty:
         return pd.DataFrame(columns=["candidate_id", "speedup", "low", "high", "rounds"])
     per_rep = [
-        float(b) / np.asarray(t, dtype=float)
+        speedup(float(b), np.asarray(t, dtype=float))
         for b, t in zip(frame["baseline_ref_ms"], frame["times_ms"], strict=True)
     ]
     frame = frame.assign(
@@ -431,17 +422,17 @@ def _markdown(
 
 
 def write_outputs(
-    records: Sequence[dict[str, Any]],
+    records: Records,
     problems: Sequence[Problem],
     target: Target,
     out: Path,
-    options: TuneOptions,
+    options: ReportSettings,
 ) -> TuneResult:
     """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries."""
     from dispatchtune.ir.spec import tuning_spec, write_spec
     from dispatchtune.measure.builder import BINDINGS_LOCK
-    from dispatchtune.tuner.loop import TuneResult
 
+    records = as_records(records)
     summaries = [
         summarize(records, p, target, options.min_speedup, options.estimator) for p in problems
     ]

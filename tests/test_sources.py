@@ -1,0 +1,120 @@
+"""`CandidateSource`: the static order and the online search on a real CPU space, the one
+scores-to-order rule, and the enumeration digest that keeps foreign log rows out of a search."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dispatchtune.candidate import Candidate
+from dispatchtune.costmodel.heuristic import HeuristicModel
+from dispatchtune.costmodel.order import order_by_score
+from dispatchtune.datasets.records import RecordKind, ResultRecord
+from dispatchtune.datasets.timing import estimate, speedup
+from dispatchtune.ir.frontend import load_problems
+from dispatchtune.search import enumerate_candidates
+from dispatchtune.search.online_source import OnlineSource
+from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
+from dispatchtune.search.space import CandidateSet
+from dispatchtune.targets import get_target
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
+HOST = get_target("host")
+
+
+@pytest.fixture(scope="module")
+def cset() -> CandidateSet:
+    problem = load_problems(FIXTURE, HOST)[0]
+    return enumerate_candidates(problem, HOST)
+
+
+def online(cset: CandidateSet, tmp_path: Path, history: list[ResultRecord] | None = None) -> OnlineSource:
+    return OnlineSource(cset, HeuristicModel(), storage=f"sqlite:///{tmp_path / 'study.db'}",
+                        budget=10, worker="test", history=history or [])
+
+
+def exercise(source: CandidateSource, cset: CandidateSet) -> tuple[list[Candidate], Candidate]:
+    """Three candidates asked and answered each way the loop answers; then one more asked."""
+    asked = [source.ask() for _ in range(3)]
+    assert all(c is not None for c in asked)
+    first, second, third = (c for c in asked if c is not None)
+    source.tell(first, 1.0)
+    source.skip(second)
+    source.release(third)
+    again = source.ask()
+    assert again is not None
+    source.close()
+    assert source.space_digest == cset.digest() and source.stop_reason == ""
+    for candidate in [first, second, third, again]:
+        # Ids are rows of the enumeration the digest names.
+        assert candidate.compilation_info == cset.compilation_info(candidate.candidate_id)
+    return [first, second, third], again
+
+
+def test_static_order_implements_the_protocol(cset: CandidateSet) -> None:
+    asked, again = exercise(ranked_order(cset, "heuristic", seed=0), cset)
+    ranks = [c.rank for c in asked]
+    assert ranks == [0, 1, 2]  # benchmark order, `compilation_info` built on demand
+    assert again == asked[2]  # a released candidate is asked again first
+
+
+def test_online_source_implements_the_protocol(cset: CandidateSet, tmp_path: Path) -> None:
+    asked, again = exercise(online(cset, tmp_path), cset)
+    assert len({c.candidate_id for c in asked}) == 3
+    # Told and skipped candidates are never asked again.
+    assert again.candidate_id not in {asked[0].candidate_id, asked[1].candidate_id}
+
+
+def test_a_fixed_list_is_a_static_order_without_an_enumeration() -> None:
+    candidates = [Candidate(7, "a"), Candidate(3, "b")]
+    source: CandidateSource = StaticOrder(candidates)
+    assert source.space_digest == ""
+    assert [source.ask(), source.ask(), source.ask()] == [*candidates, None]
+
+
+def _logged(cset: CandidateSet, row: int, digest: str, time_ms: float) -> ResultRecord:
+    return ResultRecord(
+        problem=cset.problem.to_dict(), problem_key=cset.problem.key, target=HOST.name,
+        device="local-sync", candidate_id=row, kind=RecordKind.CANDIDATE,
+        compilation_info=cset.compilation_info(row), bench_status="ok", times_ms=[time_ms],
+        space_digest=digest,
+    )
+
+
+def test_history_of_another_enumeration_is_not_imported(
+    cset: CandidateSet, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    history = [
+        _logged(cset, 0, cset.digest(), 1.0),  # this enumeration
+        _logged(cset, 1, "", 2.0),  # written before records carried a digest: accepted
+        _logged(cset, 2, "feedfacefeedface", 0.5),  # another IREE / Z3 model / CPU: row 2 is
+    ]
+    with caplog.at_level(logging.WARNING, logger="dispatchtune.search.online_source"):
+        source = online(cset, tmp_path, history)
+    try:
+        assert source.imported == 2
+        assert "1 logged result(s) of another enumeration" in caplog.text
+        told = {int(t.params["candidate"]) for t in source.study.study.get_trials(deepcopy=False)}
+        assert told == {0, 1}
+    finally:
+        source.close()
+
+
+def test_one_order_rule_nan_last_ties_seeded() -> None:
+    scores = np.array([1.0, np.nan, 3.0, 1.0, 1.0, 3.0])
+    order = order_by_score(scores, seed=0)
+    assert set(order[:2]) == {2, 5} and set(order[2:5]) == {0, 3, 4} and order[-1] == 1
+    assert (order_by_score(scores, seed=0) == order).all()
+    assert list(order_by_score(scores)) == [2, 5, 0, 3, 4, 1]  # no seed: ties in input order
+    tied = np.zeros(50)
+    assert list(order_by_score(tied, seed=1)) != list(order_by_score(tied, seed=2))
+
+
+def test_one_speedup_definition() -> None:
+    assert speedup(2.0, 1.0) == 2.0
+    assert np.isnan(speedup(estimate([], "min"), 1.0))
+    assert list(speedup(np.array([2.0, 3.0]), np.array([4.0, 1.0]))) == [0.5, 3.0]
+    assert estimate([3.0, 1.0, 2.0]) == 1.0 and estimate([3.0, 1.0, 2.0], "median") == 2.0
