@@ -11,6 +11,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from dispatchtune import logs
 from dispatchtune.cli import (
     candidates,
     evaluate,
@@ -66,11 +67,13 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `dispatchtune` console script and of `python -m dispatchtune`."""
+    logs.configure()
     args = _parse(build_parser(), argv)
     return 2 if args is None else run_handler(args.handler, args)
 
 
 def train_costmodel_main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `train-costmodel` console script."""
+    logs.configure()
     args = _parse(train_costmodel.build_parser(), argv)
     return 2 if args is None else run_handler(train_costmodel.run, args, train_costmodel.PROG)

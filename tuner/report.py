@@ -71,6 +71,7 @@ class DispatchSummary:
     confirm_rounds: int = 0  # interleaved re-measurement rounds behind `speedup` (0: screening)
     confirmed: pd.DataFrame | None = None
     frame: pd.DataFrame | None = None
+    not_tuned: str = ""  # why this dispatch could not be tuned (the run went on without it)
 
 
 #: Baseline CV above which the summary warns that the machine is too noisy to trust speedups
@@ -250,6 +251,8 @@ def _fmt_ms(values: Sequence[float]) -> str:
 def describe(summary: DispatchSummary) -> list[str]:
     """Console lines for one dispatch."""
     lines = [f"{summary.problem.key}: {summary.problem.describe()}"]
+    if summary.not_tuned:
+        lines.append(f"  not tuned: {summary.not_tuned}")
     lines.append(
         f"  built {summary.built}, benchmarked {summary.benchmarked}, "
         f"duplicates {summary.duplicates}, "
@@ -427,8 +430,12 @@ def write_outputs(
     target: Target,
     out: Path,
     options: ReportSettings,
+    not_tuned: Mapping[str, str] | None = None,
 ) -> TuneResult:
-    """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries."""
+    """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries.
+
+    `not_tuned` maps a problem key to why that dispatch could not be tuned; the summary says so.
+    """
     from dispatchtune.ir.spec import tuning_spec, write_spec
     from dispatchtune.measure.builder import BINDINGS_LOCK
 
@@ -436,6 +443,8 @@ def write_outputs(
     summaries = [
         summarize(records, p, target, options.min_speedup, options.estimator) for p in problems
     ]
+    for summary in summaries:
+        summary.not_tuned = (not_tuned or {}).get(summary.problem.key, "")
     entries = [
         (s.problem, str(s.best["compilation_info"])) for s in summaries if s.in_spec and s.best
     ]

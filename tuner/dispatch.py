@@ -1,0 +1,512 @@
+"""`DispatchTuner`: the loop for one dispatch: baseline, compile pool, device workers, confirmation.
+
+Candidates come from a `CandidateSource`; each is built by the measure layer's builder, benchmarked
+and verified through a `Runner`, and logged as soon as its outcome is known.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dispatchtune.candidate import Candidate
+from dispatchtune.datasets.records import (
+    BASELINE_ID,
+    RecordKind,
+    ResultRecord,
+    ResultsLog,
+    read_results,
+)
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.measure.benchfile import (
+    PreparedDispatch,
+)
+from dispatchtune.measure.builder import (
+    BINDINGS_LOCK,
+    BinaryRegistry,
+    CompileContext,
+    CompileOutcome,
+    CpuSlots,
+    build_default,
+    compile_candidate,
+    write_spec_file,
+)
+from dispatchtune.measure.process import kill_children
+from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
+from dispatchtune.measure.verify import Call, compare, problem_call
+from dispatchtune.search.source import CandidateSource
+from dispatchtune.targets import Target
+from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.tuner.options import TuneOptions
+from dispatchtune.tuner.report import summarize, usable_candidates
+
+
+# ---- per-device state -------------------------------------------------------------------------
+@dataclass
+class Device:
+    uri: str
+    last_baseline_ms: list[float] = field(default_factory=list)
+    since_baseline: int = 0
+
+
+@dataclass
+class BenchResult:
+    compiled: CompileOutcome
+    device: str
+    status: str
+    error: str
+    times_ms: list[float]
+    baseline_times_ms: list[float]
+    verify_status: str = "skipped"
+    verify_error: str = ""
+    max_abs_error: float | None = None
+
+
+class DispatchTuner:
+    """Runs the loop for one dispatch; owns the pools, the devices and the baseline."""
+
+    def __init__(
+        self,
+        prepared: PreparedDispatch,
+        target: Target,
+        options: TuneOptions,
+        log: ResultsLog,
+        history: Sequence[ResultRecord],
+        session: str,
+        work_dir: Path,
+        runner: Runner | None = None,
+    ) -> None:
+        self.problem = prepared.problem
+        self.prepared = prepared
+        self.target = target
+        self.options = options
+        self.log = log
+        self.session = session
+        self.work_dir = work_dir
+        self.devices = [Device(d) for d in (options.devices or (target.device_uri,))]
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        self.jobs = options.jobs or cores
+        self.slots = CpuSlots(cores if not target.is_gpu else self.jobs + len(self.devices))
+        self.registry = BinaryRegistry()
+        # Benchmarks and verification runs go through this interface only (local by default).
+        self.runner: Runner = runner or LocalRunner(self.slots)
+        self.settings = BenchSettings(
+            options.repetitions, options.min_time_s, options.benchmark_timeout_s
+        )
+        self.stop = threading.Event()
+        self.iree_version = iree_compiler_version()
+        # Candidates are known by their configuration, not their id: ids are rows of one
+        # enumeration, and a configuration logged under another enumeration is still done.
+        mine = [r for r in history if r.is_candidate and r.belongs_to(self.problem.key, target.name)]
+        self.done = {r.compilation_info for r in mine}
+        self.benchmarked = sum(1 for r in mine if self._counts(r))
+        # Binaries built by earlier runs count for dedup too (same compiler, same input).
+        for r in mine:
+            if r.compile_status == "ok" and r.binary_sha256:
+                self.registry.claim(r.binary_sha256, r.candidate_id)
+        self.space_digest = ""  # of the source's enumeration, set when the run starts
+        self.reference: np.ndarray | None = None
+        self.call: Call | None = None
+        self.verify_note = ""
+        self.default_config = ""
+        self.function_mlir: Path | None = None  # set once the default's reference output exists
+        self.baseline_vmfb = work_dir / "baseline" / "dispatch.vmfb"
+        self.baseline_compile_s = 0.0
+        self.baseline_sha = ""
+
+    def _counts(self, record: ResultRecord) -> bool:
+        """Whether a logged candidate used up budget (was benchmarked; compile-only: was built)."""
+        if self.options.compile_only:
+            return record.compile_status == "ok"
+        return record.bench_status != "skipped"
+
+    # -- records --------------------------------------------------------------------------------
+    def _record(self, **fields: Any) -> ResultRecord:
+        return ResultRecord(
+            problem=self.problem.to_dict(),
+            problem_key=self.problem.key,
+            target=self.target.name,
+            target_cpu="" if self.target.is_gpu else self.target.cpu_facts().cpu,
+            iree_version=self.iree_version,
+            session=self.session,
+            order=self.options.order,
+            space_digest=self.space_digest,
+            **fields,
+        )
+
+    def _append(self, record: ResultRecord) -> None:
+        if not self.stop.is_set():  # results of an interrupted run's killed children are void
+            self.log.append(record)
+
+    # -- baseline -------------------------------------------------------------------------------
+    def _prepare_baseline(self) -> None:
+        directory = self.work_dir / "baseline"
+        directory.mkdir(parents=True, exist_ok=True)
+        ctx = self._context()
+        # The default build must succeed whatever the per-candidate timeout is.
+        generous = max(self.options.compile_timeout_s, 300.0)
+        result, self.baseline_sha = build_default(ctx, self.baseline_vmfb, generous)
+        if not result.ok:
+            raise DispatchTuneError(
+                f"the compiler-default build of {self.problem.key} {result.status}: {result.error}"
+            )
+        self.baseline_compile_s = result.elapsed_s
+        if self.options.check_applied:
+            from dispatchtune.ir.spec import applied_configs
+
+            try:
+                with BINDINGS_LOCK:
+                    found = applied_configs(self.prepared.benchmark, self.target, None)
+                self.default_config = found[0] if found else ""
+            except DispatchTuneError:
+                self.default_config = ""
+        if not self.options.verify or self.options.compile_only:
+            self.verify_note = "verification disabled"
+            return
+        function = self.work_dir / "function.mlir"
+        function.write_text(self.problem.to_mlir())
+        self.call = problem_call(self.problem, self.work_dir / "inputs", self.options.seed)
+        if self.call is None:
+            self.verify_note = f"no random inputs for {'/'.join(self.problem.element_types)}"
+            return
+        func_vmfb = directory / "function.vmfb"
+        built = ctx.compile(function, None, func_vmfb, with_target_flags=True, timeout_s=generous)
+        if not built.ok:
+            self.verify_note = f"function-level default build {built.status}: {built.error}"
+            return
+        run = self.runner.run(Artifact(func_vmfb, self.devices[0].uri), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
+            self.verify_note = f"default build did not run ({run.status}: {run.error})"
+            return
+        self.reference = run.outputs[0]
+        self.function_mlir = function
+
+    def _measure_baseline(self, device: Device) -> None:
+        result = self._benchmark(self.baseline_vmfb, device)
+        if self.stop.is_set():
+            return
+        if not result.ok:
+            raise DispatchTuneError(
+                f"benchmarking the compiler default on {device.uri} {result.status}: {result.error}"
+            )
+        device.last_baseline_ms = result.times_ms
+        device.since_baseline = 0
+        self._append(
+            self._record(
+                kind="baseline",
+                device=device.uri,
+                candidate_id=BASELINE_ID,
+                compilation_info=self.default_config,
+                compile_status="ok",
+                compile_time_s=self.baseline_compile_s,
+                binary_sha256=self.baseline_sha,
+                bench_status="ok",
+                times_ms=result.times_ms,
+            )
+        )
+
+    def _benchmark(self, vmfb: Path, device: Device) -> BenchOutcome:
+        return self.runner.benchmark(Artifact(vmfb, device.uri), self.settings)
+
+    def _context(self) -> CompileContext:
+        return CompileContext(
+            problem=self.problem,
+            target=self.target,
+            benchmark_mlir=self.prepared.benchmark,
+            function_mlir=self.function_mlir,
+            work_dir=self.work_dir,
+            timeout_s=self.options.compile_timeout_s,
+            slots=self.slots,
+            registry=self.registry,
+            check_applied=self.options.check_applied,
+        )
+
+    # -- device worker --------------------------------------------------------------------------
+    def _bench_job(self, compiled: CompileOutcome, free: queue.Queue[Device]) -> BenchResult:
+        device = free.get()
+        try:
+            if device.since_baseline >= self.options.baseline_every:
+                self._measure_baseline(device)
+            assert compiled.vmfb is not None
+            result = self._benchmark(compiled.vmfb, device)
+            device.since_baseline += 1
+            outcome = BenchResult(
+                compiled, device.uri, result.status, result.error, result.times_ms,
+                list(device.last_baseline_ms),
+            )
+            if result.ok:
+                self._verify(compiled, device, outcome)
+            return outcome
+        finally:
+            free.put(device)
+            if not self.options.keep_binaries:
+                for path in (compiled.vmfb, compiled.verify_vmfb):
+                    if path is not None:
+                        path.unlink(missing_ok=True)
+
+    def _verify(self, compiled: CompileOutcome, device: Device, outcome: BenchResult) -> None:
+        if self.reference is None or self.call is None:
+            outcome.verify_error = self.verify_note
+            return
+        if compiled.verify_vmfb is None:
+            outcome.verify_status, outcome.verify_error = "error", compiled.verify_error
+            return
+        run = self.runner.run(Artifact(compiled.verify_vmfb, device.uri), self.call,
+                              self.options.benchmark_timeout_s)
+        if run.outputs is None:
+            outcome.verify_status = "error"
+            outcome.verify_error = f"run {run.status}: {run.error or 'no output'}"
+            return
+        status, max_abs = compare(run.outputs, [self.reference], [self.problem.output_type])
+        outcome.verify_status, outcome.max_abs_error = status, max_abs
+        if status == "mismatch":
+            outcome.verify_error = (
+                f"miscompile: max |error| {max_abs:.3g} vs the default build on seeded inputs"
+            )
+
+    # -- confirmation ---------------------------------------------------------------------------
+    def _confirm(self, progress: Any) -> None:
+        """Re-measure the best candidates in rounds interleaved with the default config."""
+        top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
+        if top_n <= 0 or rounds <= 0:
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
+            records = list(read_results(self.log.path))
+        frame = summarize(
+            records, self.problem, self.target, self.options.min_speedup, self.options.estimator
+        ).frame
+        if frame is None or frame.empty:
+            return
+        finalists = usable_candidates(frame).head(top_n)
+        if finalists.empty:
+            return
+        knobs = {
+            r.candidate_id: r.knobs
+            for r in records
+            if r.is_candidate and r.belongs_to(self.problem.key, self.target.name)
+        }
+        ctx = self._context()
+        binaries: list[tuple[dict[Any, Any], Path]] = []
+        for row in finalists.to_dict("records"):
+            directory = self.work_dir / f"c{row['candidate_id']}"
+            spec = directory / "spec.mlir"
+            if not spec.exists():
+                write_spec_file([(self.problem, str(row["compilation_info"]))], spec)
+            vmfb = directory / "confirm.vmfb"
+            built = ctx.compile(self.prepared.benchmark, spec, vmfb, with_target_flags=False)
+            if built.ok:
+                binaries.append((row, vmfb))
+        device = self.devices[0]
+        progress.write(
+            f"confirming the {len(binaries)} best candidate(s) of {self.problem.key}: "
+            f"{rounds} rounds interleaved with the default on {device.uri}"
+        )
+        try:
+            for round_index in range(rounds):
+                # Logged as baseline records: each round is judged against the baselines just
+                # before and just after it, like screening (see report.confirmations).
+                self._measure_baseline(device)
+                base = list(device.last_baseline_ms)
+                shift = round_index % len(binaries)  # rotate to spread any position effect
+                for row, vmfb in binaries[shift:] + binaries[:shift]:
+                    run = self._benchmark(vmfb, device)
+                    self._append(
+                        self._record(
+                            kind=RecordKind.CONFIRM,
+                            device=device.uri,
+                            candidate_id=int(row["candidate_id"]),
+                            rank=int(row.get("rank", -1)),
+                            pipeline=str(row.get("pipeline", "")),
+                            knobs=dict(knobs.get(int(row["candidate_id"])) or {}),
+                            compilation_info=str(row["compilation_info"]),
+                            compile_status="ok",
+                            binary_sha256=str(row.get("binary_sha256", "")),
+                            bench_status=run.status,
+                            bench_error=run.error,
+                            times_ms=run.times_ms,
+                            baseline_times_ms=base,
+                            verify_status=str(row.get("verify_status", "skipped")),
+                        )
+                    )
+            self._measure_baseline(device)
+        finally:
+            if not self.options.keep_binaries:
+                for _, vmfb in binaries:
+                    vmfb.unlink(missing_ok=True)
+
+    # -- main loop ------------------------------------------------------------------------------
+    def _candidate_fields(self, candidate: Candidate) -> dict[str, Any]:
+        return {
+            "candidate_id": candidate.candidate_id,
+            "rank": candidate.rank,
+            "score": candidate.score,
+            "pipeline": candidate.pipeline,
+            "knobs": candidate.knobs,
+            "compilation_info": candidate.compilation_info,
+        }
+
+    def _record_compile_only(self, compiled: CompileOutcome) -> None:
+        self._append(
+            self._record(
+                device="",
+                compile_status=compiled.status,
+                compile_error=compiled.error,
+                compile_time_s=compiled.compile_time_s,
+                binary_sha256=compiled.sha256,
+                duplicate_of=compiled.duplicate_of,
+                **self._candidate_fields(compiled.candidate),
+            )
+        )
+
+    def _record_bench(self, bench: BenchResult) -> ResultRecord:
+        compiled = bench.compiled
+        record = self._record(
+                device=bench.device,
+                compile_status="ok",
+                compile_time_s=compiled.compile_time_s,
+                binary_sha256=compiled.sha256,
+                bench_status=bench.status,
+                bench_error=bench.error,
+                times_ms=bench.times_ms,
+                baseline_times_ms=bench.baseline_times_ms,
+                verify_status=bench.verify_status,
+                verify_error=bench.verify_error,
+                max_abs_error=bench.max_abs_error,
+                **self._candidate_fields(compiled.candidate),
+        )
+        self._append(record)
+        return record
+
+    def _candidates(self, source: CandidateSource) -> Iterator[Candidate]:
+        """The source's candidates this run has not tried yet, at most `max_attempts` of them."""
+        attempts = self.options.max_attempts or 4 * self.options.budget + 8
+        while attempts > 0 and (candidate := source.ask()) is not None:
+            if candidate.compilation_info in self.done:
+                source.skip(candidate)  # this output directory already holds its result
+                continue
+            attempts -= 1
+            yield candidate
+
+    def run(self, source: CandidateSource, progress: Any) -> None:
+        """Try the source's candidates until the budget is spent, telling it every outcome."""
+        budget = self.options.budget
+        if self.benchmarked >= budget:
+            return
+        self.space_digest = source.space_digest
+        pending: Iterator[Candidate] = self._candidates(source)
+        first = next(pending, None)
+        if first is None:
+            return
+        pending = itertools.chain([first], pending)
+        self._prepare_baseline()
+        if not self.options.compile_only:
+            for device in self.devices:
+                self._measure_baseline(device)
+        ctx = self._context()
+        free: queue.Queue[Device] = queue.Queue()
+        for device in self.devices:
+            free.put(device)
+        compiles: dict[Future[CompileOutcome], Candidate] = {}
+        benches: dict[Future[BenchResult], CompileOutcome] = {}
+        exhausted = False
+        compile_pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dt-compile")
+        bench_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="dt-bench")
+        try:
+            while True:
+                # Keep the compile workers busy with the next batch while benchmarks run, but do
+                # not build far more binaries than the budget can still use.
+                while (
+                    not exhausted
+                    and len(compiles) < 2 * self.jobs
+                    and self.benchmarked + len(benches) + len(compiles) < budget + self.jobs
+                ):
+                    candidate = next(pending, None)
+                    if candidate is None:
+                        exhausted = True
+                        break
+                    compiles[compile_pool.submit(compile_candidate, ctx, candidate)] = candidate
+                if not benches and (not compiles or self.benchmarked >= budget):
+                    break
+                in_flight: list[Future[Any]] = [*compiles, *benches]
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    if future in compiles:
+                        del compiles[future]
+                        compiled = future.result()  # type: ignore[assignment]
+                        assert isinstance(compiled, CompileOutcome)
+                        if compiled.status != "ok":
+                            self._record_compile_only(compiled)
+                            progress.note_compile(compiled.status)
+                            if compiled.status == "duplicate":
+                                source.skip(compiled.candidate)
+                            else:
+                                source.tell(compiled.candidate, None)
+                        elif self.options.compile_only:
+                            if self.benchmarked < budget:
+                                self._record_compile_only(compiled)
+                                self.benchmarked += 1
+                                progress.note_built(compiled)
+                                source.skip(compiled.candidate)  # built and logged: done
+                            else:
+                                source.release(compiled.candidate)
+                            if compiled.vmfb is not None:
+                                compiled.vmfb.unlink(missing_ok=True)
+                        elif self.benchmarked + len(benches) < budget:
+                            job = bench_pool.submit(self._bench_job, compiled, free)
+                            benches[job] = compiled
+                        else:
+                            # Budget spent: not recorded, so a later run with a larger budget
+                            # builds and measures it then.
+                            for path in (compiled.vmfb, compiled.verify_vmfb):
+                                if path is not None:
+                                    path.unlink(missing_ok=True)
+                            source.release(compiled.candidate)
+                    else:
+                        del benches[future]
+                        bench = future.result()
+                        assert isinstance(bench, BenchResult)
+                        record = self._record_bench(bench)
+                        self.benchmarked += 1
+                        progress.note_bench(bench)
+                        source.tell(bench.compiled.candidate,
+                                    record.learned_time(self.options.estimator))
+                        if bench.verify_status == "mismatch":
+                            progress.write(
+                                f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "
+                                f"of {self.problem.key}: {bench.verify_error}"
+                            )
+            # Budget spent: builds still running cannot be used; stop them (not recorded, so a
+            # later run with a larger budget builds them again).
+            for future in compiles:
+                future.cancel()
+                source.release(compiles[future])
+            kill_children()
+            compile_pool.shutdown(wait=True, cancel_futures=True)
+            if not self.options.compile_only:
+                # Close with a baseline on every device so that drift over the run is visible.
+                for device in self.devices:
+                    if device.since_baseline:
+                        self._measure_baseline(device)
+                self._confirm(progress)
+        except BaseException:
+            self.stop.set()
+            kill_children()
+            cancelled: list[Future[Any]] = [*compiles, *benches]
+            for pending_future in cancelled:
+                pending_future.cancel()
+            raise
+        finally:
+            compile_pool.shutdown(wait=True, cancel_futures=True)
+            bench_pool.shutdown(wait=True, cancel_futures=True)

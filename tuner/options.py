@@ -1,0 +1,69 @@
+"""`TuneOptions`: the knobs of the dispatch tuning loop (the flags of `dispatchtune tune`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispatchtune.costmodel.rank import STATIC_ORDERS
+from dispatchtune.datasets.timing import ESTIMATORS
+from dispatchtune.errors import DispatchTuneError
+
+#: `--order` choices: the static orders of `rank`, and the online search.
+TUNE_ORDERS: tuple[str, ...] = (*STATIC_ORDERS, "online")
+
+
+
+@dataclass
+class TuneOptions:
+    """Knobs of the loop (the CLI flags of `dispatchtune tune`)."""
+
+    budget: int = 20  # candidates benchmarked per dispatch (failures and duplicates are free)
+    order: str = "heuristic"  # heuristic | random | model (learned) | online (learns during the run)
+    model_path: str | None = None  # learned model file for model/online (default: installed one)
+    # Online search: Optuna storage URL (default: sqlite file study.db in the output directory),
+    # a wall-clock limit per dispatch, and the no-improvement stop (0 = off).
+    storage: str | None = None
+    time_limit_s: float = 0.0
+    stop_margin: float = 0.01
+    stop_patience: int = 0
+    devices: tuple[str, ...] = ()  # default: the target's device (local-sync for host)
+    jobs: int = 0  # compile workers; 0 = one per core
+    repetitions: int = 5
+    min_time_s: float = 0.05
+    baseline_every: int = 5  # re-measure the default config after this many benchmarks/device
+    compile_timeout_s: float = 60.0
+    benchmark_timeout_s: float = 120.0
+    verify: bool = True
+    check_applied: bool = True
+    seed: int = 0
+    max_attempts: int = 0  # candidates tried per dispatch; 0 = 4 x budget + 8
+    # The best candidate enters the spec only above this speedup over the default: 2% is about
+    # the run-to-run variation of a local-sync benchmark here, so smaller gains are not real.
+    min_speedup: float = 1.02
+    # At the end of a run that measured anything, the `confirm_top` best candidates are
+    # re-measured in `confirm_rounds` rounds, each round benchmarking the default and then them
+    # back to back; their speedups come from these paired measurements.
+    confirm_top: int = 3
+    confirm_rounds: int = 3
+    keep_binaries: bool = False
+    # Build and check candidates without running them (GPU targets on a machine without the GPU):
+    # the budget then counts candidates built; no baseline runs, no verification, no spec.
+    compile_only: bool = False
+    estimator: str = "min"  # time of one measurement from its repetitions: min | median
+    progress: bool | None = None  # None: a bar on a terminal, else one line per result
+
+    def validate(self) -> None:
+        if self.budget < 1:
+            raise DispatchTuneError("--budget must be at least 1")
+        if self.order not in TUNE_ORDERS:
+            raise DispatchTuneError(f"--order must be one of {', '.join(TUNE_ORDERS)}")
+        if self.repetitions < 1:
+            raise DispatchTuneError("--repetitions must be at least 1")
+        if self.baseline_every < 1:
+            raise DispatchTuneError("--baseline-every must be at least 1")
+        if self.estimator not in ESTIMATORS:
+            raise DispatchTuneError(f"--estimator must be one of {', '.join(ESTIMATORS)}")
+        if self.order == "online" and self.compile_only:
+            raise DispatchTuneError("--order online learns from benchmarks; it cannot run --compile-only")
+        if self.stop_patience < 0 or self.time_limit_s < 0:
+            raise DispatchTuneError("--stop-patience and --time-limit must be >= 0")
