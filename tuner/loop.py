@@ -75,6 +75,9 @@ def candidate_source(
     from dispatchtune.search import enumerate_candidates
 
     cset = enumerate_candidates(problem, target)
+    if options.budget > len(cset):
+        logger.info("%s: the space has %d candidates, fewer than --budget %d: every one will be "
+                    "tried", problem.key[:40], len(cset), options.budget)
     model = None
     if options.order in ("model", "online") or options.model_path is not None:
         from dispatchtune.costmodel.defaults import model_for_target
