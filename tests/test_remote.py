@@ -244,14 +244,15 @@ def test_tune_through_cmd_on_two_devices_each_with_its_own_baseline(
 
 
 def _children(pid: int, name: str) -> list[int]:
+    """Processes called `name` whose parent is `pid` (from /proc/PID/stat: "pid (comm) state ppid")."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            comm = stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
-        except (OSError, IndexError):
+            text = stat.read_text()
+        except OSError:
             continue
-        if int(fields[1]) == pid and comm == name:
+        comm = text.split("(", 1)[1].rsplit(")", 1)[0]
+        if comm == name and int(text.rsplit(")", 1)[1].split()[1]) == pid:
             found.append(int(stat.parent.name))
     return found
 
@@ -292,3 +293,30 @@ def test_killing_the_connection_mid_batch_logs_nothing_twice(tmp_path: Path, ssh
     assert len(candidates) == 3 and max(counts.values()) == 1
     assert all(r.bench_status == "ok" for r in candidates)
     assert "benchmarked 3" in stdout
+
+
+def _has_runtime(python: str) -> bool:
+    probe = "import importlib.metadata as m; m.version('iree-base-runtime')"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except OSError:
+        return True  # no such interpreter: nothing to show either
+
+
+def test_a_remote_side_that_cannot_run_the_tools_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python there without our iree-base-runtime, or no such Python: refused at connect."""
+    for python, reason in ((sys.executable, ""), ("/usr/bin/python3", "pip install iree-base-runtime=="),
+                           ("/nonexistent/python3", "No such file")):
+        monkeypatch.setenv("DISPATCHTUNE_REMOTE_PYTHON", python)
+        runner = RemoteRunner(parse_transport("cmd:env"))
+        try:
+            if not reason:
+                runner.connect()  # ours has it
+                continue
+            if python == "/usr/bin/python3" and _has_runtime(python):
+                continue  # a system Python that has it cannot show the refusal
+            with pytest.raises(RemoteError, match=reason) as raised:
+                runner.connect()
+            assert "\n" not in str(raised.value) and str(raised.value).startswith("cmd:env: ")
+        finally:
+            runner.close()
