@@ -48,6 +48,7 @@ from dispatchtune.measure.benchfile import (
     prepare_dispatch,
 )
 from dispatchtune.measure.devices import parse_devices, remote_runners
+from dispatchtune.measure.remote import RemoteError
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
@@ -206,6 +207,8 @@ def tune(
                     else:
                         source = StaticOrder(candidates)
                     tuner.run(source, progress)
+            except RemoteError:
+                raise  # a device host that stays unreachable stops the run; re-running resumes
             except DispatchTuneError as exc:
                 # One dispatch that cannot be tuned (an op the search does not cover, a default
                 # build that fails) must not throw away the others' work.
