@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
         "(ssh://gpu1/hip://0 ssh://gpu2/cuda://0)",
     )
     parser.add_argument(
-        "--runner", default="", metavar="SPEC",
+        "--runner", default=defaults.runner, metavar="SPEC",
         help="benchmark the bare --devices URIs on another machine: ssh://[user@]host[:port] or "
         "'cmd:PREFIX' (a command that runs its arguments there, e.g. 'cmd:docker exec -i box'); "
         "it needs only `pip install iree-base-runtime` of our version (docs/remote.md)",
