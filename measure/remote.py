@@ -187,7 +187,7 @@ class _Connection:
             bufsize=0, start_new_session=True,
         )
         self.buffer = b""
-        self.sent: set[str] = set()
+        self.sent: dict[str, int] = {}  # name there -> size, oldest first
         try:
             self.send(str(len(agent)).encode() + b"\n" + agent)
             hello = self.read_header(time.monotonic() + deadline_s)
@@ -278,8 +278,10 @@ class RemoteRunner:
     use or by `connect()`; a dropped one is reopened up to `retries` times per request.
     """
 
-    def __init__(self, transport: Transport, retries: int = 3, connect_timeout_s: float = 60.0) -> None:
+    def __init__(self, transport: Transport, retries: int = 3, connect_timeout_s: float = 60.0,
+                 keep_bytes: int = 512 << 20) -> None:
         self.transport = transport
+        self.keep_bytes = keep_bytes  # of shipped files the other side keeps for reuse
         self.retries = retries
         self.connect_timeout_s = connect_timeout_s
         self.reconnects = 0  # connections lost and reopened (for tests and reports)
@@ -341,10 +343,11 @@ class RemoteRunner:
                     self._ids += 1
                     missing = [(n, p.read_bytes()) for n, p in files.items() if n not in connection.sent]
                     header = {"id": self._ids, "tool": tool, "args": args, "timeout": timeout_s,
-                              "files": [[n, len(d)] for n, d in missing], "outputs": outputs}
+                              "files": [[n, len(d)] for n, d in missing], "outputs": outputs,
+                              "drop": self._evict(connection, files, sum(len(d) for _, d in missing))}
                     connection.send(json.dumps(header).encode() + b"\n"
                                     + b"".join(d for _, d in missing))
-                    connection.sent.update(n for n, _ in missing)
+                    connection.sent.update((n, len(d)) for n, d in missing)
                     deadline = time.monotonic() + deadline_s
                     reply = connection.read_header(deadline)
                     datas = [None if n < 0 else connection.read_bytes(int(n), deadline)
@@ -362,6 +365,20 @@ class RemoteRunner:
                     raise RemoteError(f"{self.label}: {reply['error']}")
                 return _Reply(_process_result(reply, timeout_s), datas)
         raise RemoteError(f"{self.label}: connection lost {self.retries + 1} times, last: {last}")
+
+    def _evict(self, connection: _Connection, keep: dict[str, Path], incoming: int) -> list[str]:
+        """Files the agent should delete so that it holds at most `self.keep_bytes`: the oldest
+        ones first (a run ships every candidate's binary once; the baseline's and the inputs are
+        sent again if they ever go)."""
+        held = sum(connection.sent.values()) + incoming
+        dropped = []
+        for name in list(connection.sent):
+            if held <= self.keep_bytes:
+                break
+            if name not in keep:
+                held -= connection.sent.pop(name)
+                dropped.append(name)
+        return dropped
 
     def _ship(self, paths: dict[str, Path], path: Path) -> str:
         """The name there of a file here (content-addressed: each file crosses once)."""

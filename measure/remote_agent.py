@@ -9,8 +9,9 @@ Protocol (binary, over the transport's stdin/stdout; all headers are one JSON li
 - on start the agent writes `{"agent": 1, "runtime": VERSION}` or `{"error": ONE_LINE}` and exits
   when the runtime is missing or its version differs from `--expect-runtime`;
 - a request is a header `{"id", "tool", "args", "timeout", "files": [[name, size], ...],
-  "outputs": [name, ...]}` followed by the files' bytes; names are relative to the agent's
-  scratch directory, which is also the tool's working directory, so `args` refer to them as is;
+  "outputs": [name, ...], "drop": [name, ...]}` followed by the files' bytes; names are relative
+  to the agent's scratch directory, which is also the tool's working directory, so `args` refer
+  to them as is; `drop` names files to delete first (the runner bounds what is kept there);
 - the reply is a header `{"id", "returncode", "timed_out", "stdout", "stderr", "elapsed_s",
   "outputs": [size or -1, ...]}` followed by the outputs' bytes (read, then deleted).
 
@@ -106,6 +107,8 @@ def _run_tool(path: str, args: list[str], timeout: float, cwd: Path) -> dict[str
 
 def _serve_one(header: dict[str, Any], stdin: BinaryIO, scratch: Path, tools: dict[str, str]) -> tuple[
         dict[str, Any], bytes]:
+    for name in header.get("drop", []):  # the runner's cache limit: files it will not reuse
+        _safe_name(scratch, str(name)).unlink(missing_ok=True)
     # Files come first and are always consumed, so a refused request leaves the stream in step.
     for name, size in header.get("files", []):
         data = _read_exact(stdin, int(size))

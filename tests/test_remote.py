@@ -320,3 +320,27 @@ def test_a_remote_side_that_cannot_run_the_tools_is_one_line(monkeypatch: pytest
             assert "\n" not in str(raised.value) and str(raised.value).startswith("cmd:env: ")
         finally:
             runner.close()
+
+
+def test_the_other_side_keeps_a_bounded_set_of_files(
+    built: tuple[Artifact, Call], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Beyond `keep_bytes` the oldest files are deleted there; one needed again is sent again."""
+    artifact, call = built
+    other = tmp_path / "g.vmfb"
+    (tmp_path / "g.mlir").write_text(PROBLEM.to_mlir() + "\nfunc.func @unused() {\n  return\n}\n")
+    assert compile_module(tmp_path / "g.mlir", get_target("host"), None, other, 120).ok
+    monkeypatch.setenv("DISPATCHTUNE_REMOTE_PYTHON", sys.executable)
+    runner = RemoteRunner(parse_transport("cmd:env"), keep_bytes=1)
+    settings = BenchSettings(1, 0.01, 60)
+    try:
+        for vmfb in (artifact.vmfb, other, artifact.vmfb):
+            assert runner.benchmark(Artifact(vmfb, "local-sync"), settings, call).ok
+            connection = runner._connection
+            assert connection is not None
+            # only what the last request used is held there: its binary and its inputs
+            assert len(connection.sent) == 1 + len(call.inputs)
+            assert any(name.endswith(".vmfb") for name in connection.sent)
+        assert runner.reconnects == 0
+    finally:
+        runner.close()
