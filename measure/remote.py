@@ -190,7 +190,8 @@ class _Connection:
         self.sent: dict[str, int] = {}  # name there -> size, oldest first
         try:
             self.send(str(len(agent)).encode() + b"\n" + agent)
-            hello = self.read_header(time.monotonic() + deadline_s)
+            deadline = time.monotonic() + deadline_s
+            hello = self.read_header(deadline, skip_text=True)
         except _Dropped as exc:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=2)  # its stderr is complete once it has exited
@@ -230,18 +231,23 @@ class _Connection:
             raise _Dropped("connection closed")
         self.buffer += chunk
 
-    def read_header(self, deadline: float) -> dict[str, Any]:
-        while b"\n" not in self.buffer:
-            self._fill(deadline)
-        line, _, self.buffer = self.buffer.partition(b"\n")
-        try:
-            header = json.loads(line)
-        except ValueError:
-            # Not the agent speaking (a login banner, a shell error): its words are the reason.
-            raise _Dropped(line.decode(errors="replace").strip()[:200]) from None
-        if not isinstance(header, dict):
-            raise _Dropped("unreadable reply")
-        return header
+    def read_header(self, deadline: float, skip_text: bool = False) -> dict[str, Any]:
+        """The next JSON line; with `skip_text`, lines before it that are not JSON (what a login
+        script printed) are passed over."""
+        while True:
+            while b"\n" not in self.buffer:
+                self._fill(deadline)
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            try:
+                header = json.loads(line)
+            except ValueError:
+                if skip_text:
+                    logger.debug("before the agent: %r", line[:200])
+                    continue
+                raise _Dropped(f"unreadable reply: {line[:200]!r}") from None
+            if not isinstance(header, dict):
+                raise _Dropped("unreadable reply")
+            return header
 
     def read_bytes(self, size: int, deadline: float) -> bytes:
         while len(self.buffer) < size:

@@ -344,3 +344,15 @@ def test_the_other_side_keeps_a_bounded_set_of_files(
         assert runner.reconnects == 0
     finally:
         runner.close()
+
+
+def test_what_a_login_script_prints_before_the_agent_is_passed_over(
+    built: tuple[Artifact, Call], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact, call = built
+    monkeypatch.setenv("DISPATCHTUNE_REMOTE_PYTHON", sys.executable)
+    runner = RemoteRunner(parse_transport("""cmd:sh -c 'echo Welcome to the cluster; exec "$0" "$@"'"""))
+    try:
+        assert runner.benchmark(artifact, BenchSettings(1, 0.01, 60), call).ok
+    finally:
+        runner.close()
