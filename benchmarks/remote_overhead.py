@@ -7,8 +7,10 @@ Starts its own OpenSSH server on 127.0.0.1 (`local_sshd`, also the tests' fixtur
 connection like a new candidate's), and for each one, interleaved, times what the loop asks of a
 runner per candidate (one benchmark + one verification run) locally, through `cmd:env` (the agent
 over pipes: protocol + shipping cost) and through `ssh://127.0.0.1` (plus encryption and sshd).
-Prints the median wall time per candidate and the overhead over local; loopback, so a real
-network adds its transfer time (binaries here are tens of KB, inputs cross once per connection).
+Prints the median wall time per candidate, its difference to local (on a loaded machine mostly
+the benchmarks' own noise), and the remote path's own time per candidate: wall time here minus
+the tools' time there (`RemoteRunner.stats`), which that noise does not enter. Loopback, so a real
+network adds its transfer time (binaries here are KBs, inputs cross once per connection).
 """
 
 from __future__ import annotations
@@ -114,7 +116,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from dispatchtune.measure.builder import compile_module
-    from dispatchtune.measure.remote import RemoteRunner, parse_transport
+    from dispatchtune.measure.remote import RemoteRunner, TransportStats, parse_transport
     from dispatchtune.measure.runner import Artifact, BenchSettings, LocalRunner, Runner
     from dispatchtune.measure.verify import problem_call
     from dispatchtune.problem import Problem
@@ -147,6 +149,8 @@ def main() -> None:
             # Inputs cross once per connection: send them before timing, as after a first candidate.
             for runner in runners.values():
                 runner.run(Artifact(binaries[0], "local-sync"), call, 120)
+                if isinstance(runner, RemoteRunner):
+                    runner.stats = TransportStats()
             walls: dict[str, list[float]] = {name: [] for name in runners}
             for vmfb in binaries[1:]:
                 for name, runner in runners.items():
@@ -155,20 +159,26 @@ def main() -> None:
                     run = runner.run(Artifact(vmfb, "local-sync"), call, 120)
                     walls[name].append(time.perf_counter() - start)
                     assert bench.ok and run.ok, (bench.error, run.error)
-            for runner in runners.values():
+            # Per candidate, the remote path's own cost: wall time here minus the tools' time
+            # there (both requests), which the benchmark's run-to-run noise does not enter.
+            overhead: dict[str, float] = {}
+            for name, runner in runners.items():
                 if isinstance(runner, RemoteRunner):
+                    overhead[name] = runner.stats.overhead_s / runner.stats.requests * 2
                     runner.close()
         size_kb = statistics.median(b.stat().st_size for b in binaries) / 1024
     local = statistics.median(walls["local"])
     print(f"{args.size}^3 f32 matmul, {len(binaries) - 1} candidates, binary {size_kb:.0f} KB, "
           f"load average {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
-    print("runner   | connect | wall per candidate (bench + run), median | overhead vs local")
+    print("| runner | connect | wall per candidate (bench + run), median (min-max) | vs local | "
+          "remote path's own time per candidate, mean (wall here - tools there) |")
+    print("|---|---:|---:|---:|---:|")
     for name in runners:
         wall = statistics.median(walls[name])
-        connect = f"{connect_s[name] * 1e3:6.0f} ms" if name in connect_s else "      -  "
-        print(f"{name:8s} | {connect} | {wall * 1e3:8.1f} ms "
-              f"(min {min(walls[name]) * 1e3:.1f}, max {max(walls[name]) * 1e3:.1f}) | "
-              f"{(wall - local) * 1e3:+.1f} ms")
+        connect = f"{connect_s[name] * 1e3:.0f} ms" if name in connect_s else "-"
+        own = f"{overhead[name] * 1e3:.1f} ms" if name in overhead else "-"
+        print(f"| {name} | {connect} | {wall * 1e3:.1f} ms ({min(walls[name]) * 1e3:.1f}-"
+              f"{max(walls[name]) * 1e3:.1f}) | {(wall - local) * 1e3:+.1f} ms | {own} |")
 
 
 if __name__ == "__main__":

@@ -271,6 +271,21 @@ class _Connection:
 
 
 # ---- the runner -------------------------------------------------------------------------------
+@dataclass
+class TransportStats:
+    """What the remote path cost: requests answered, their wall time here, the tools' own time
+    there, and the bytes shipped; `overhead_s` is the difference (transport, agent, shipping)."""
+
+    requests: int = 0
+    wall_s: float = 0.0
+    tool_s: float = 0.0
+    sent_bytes: int = 0
+
+    @property
+    def overhead_s(self) -> float:
+        return self.wall_s - self.tool_s
+
+
 @dataclass(frozen=True)
 class _Reply:
     result: ProcessResult
@@ -291,6 +306,7 @@ class RemoteRunner:
         self.retries = retries
         self.connect_timeout_s = connect_timeout_s
         self.reconnects = 0  # connections lost and reopened (for tests and reports)
+        self.stats = TransportStats()
         self._connection: _Connection | None = None
         self._lock = threading.Lock()
         self._ids = 0
@@ -342,6 +358,7 @@ class RemoteRunner:
         # The tool's own timeout runs there; this one notices a connection that went silent.
         deadline_s = timeout_s + 30.0 + size / 1e6
         last = ""
+        start = time.perf_counter()
         with self._lock:
             for attempt in range(self.retries + 1):
                 try:
@@ -354,6 +371,7 @@ class RemoteRunner:
                     connection.send(json.dumps(header).encode() + b"\n"
                                     + b"".join(d for _, d in missing))
                     connection.sent.update((n, len(d)) for n, d in missing)
+                    self.stats.sent_bytes += sum(len(d) for _, d in missing)
                     deadline = time.monotonic() + deadline_s
                     reply = connection.read_header(deadline)
                     datas = [None if n < 0 else connection.read_bytes(int(n), deadline)
@@ -369,7 +387,11 @@ class RemoteRunner:
                     continue
                 if "error" in reply:
                     raise RemoteError(f"{self.label}: {reply['error']}")
-                return _Reply(_process_result(reply, timeout_s), datas)
+                result = _process_result(reply, timeout_s)
+                self.stats.requests += 1
+                self.stats.wall_s += time.perf_counter() - start
+                self.stats.tool_s += result.elapsed_s
+                return _Reply(result, datas)
         raise RemoteError(f"{self.label}: connection lost {self.retries + 1} times, last: {last}")
 
     def _evict(self, connection: _Connection, keep: dict[str, Path], incoming: int) -> list[str]:

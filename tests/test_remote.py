@@ -156,6 +156,8 @@ def test_remote_runners_keep_the_runner_contract(
         absent = runner.run(Artifact(artifact.vmfb.parent / "absent.vmfb", "local-sync"), call, 60)
         assert absent.status == "failed" and absent.outputs is None
         assert remote.reconnects == 0
+        stats = remote.stats  # the remote path's own cost is measured, not guessed
+        assert stats.requests == 5 and 0 < stats.tool_s < stats.wall_s and stats.sent_bytes > 0
     finally:
         remote.close()
 
