@@ -47,6 +47,8 @@ from dispatchtune.measure.benchfile import (
     is_dispatch_benchmark,
     prepare_dispatch,
 )
+from dispatchtune.measure.devices import parse_devices, remote_runners
+from dispatchtune.measure.remote import RemoteError
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
@@ -172,8 +174,9 @@ def tune(
     options = options or TuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
-    if not options.compile_only:
-        target.check_runs_here()
+    devices = parse_devices(options.devices, options.runner, target.device_uri)
+    if not options.compile_only and any(not d.runner for d in devices):
+        target.check_runs_here()  # only devices on this machine need this CPU to run the code
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / "results.jsonl"
@@ -186,11 +189,14 @@ def tune(
     else:
         mode = "bar" if options.progress else "off"
     not_tuned: dict[str, str] = {}
-    with _sigterm_as_interrupt():
+    # Remote devices are connected (and their runtime version checked) before anything is built;
+    # their connections serve every dispatch of the run.
+    with _sigterm_as_interrupt(), remote_runners(devices, connect=not options.compile_only) as runners:
         prepared = prepare_dispatches(Path(path), target, work)
         for dispatch in prepared:
             problem = dispatch.problem
-            tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key)
+            tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
+                                  runners=runners)
             source: CandidateSource | None = None
             progress = Progress(
                 options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
@@ -204,6 +210,8 @@ def tune(
                     else:
                         source = StaticOrder(candidates)
                     tuner.run(source, progress)
+            except RemoteError:
+                raise  # a device host that stays unreachable stops the run; re-running resumes
             except DispatchTuneError as exc:
                 # One dispatch that cannot be tuned (an op the search does not cover, a default
                 # build that fails) must not throw away the others' work.
