@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from dispatchtune.cli.candidates import add_heuristic_filters_flag
 from dispatchtune.cli.options import AT_LEAST_0, add_cost_model, add_number, add_seed, add_target, order_of
 from dispatchtune.costmodel.rank import ORDERS
 
@@ -32,6 +33,7 @@ def register(subparsers: Any) -> None:
     add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=10,
                help="rows shown per op (default %(default)s)")
     parser.add_argument("--csv", type=Path, help="write the full ranked tables here (all ops)")
+    add_heuristic_filters_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -53,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranking with the {where}", file=sys.stderr)
     tables = []
     for problem in load_problems(args.file, target):
-        cset = enumerate_candidates(problem, target)
+        cset = enumerate_candidates(problem, target, heuristic_filters=args.heuristic_filters)
         ranked = rank(cset, order=order, seed=args.seed, model=model)
         print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order")
         shown = [c for c in _SHOWN if c in ranked.columns]

@@ -29,6 +29,14 @@ from dispatchtune.toolchain import first_error_line, run_tool
 
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
+#: Assertions IREE emits under "Additional heuristic filters to narrow the search space"
+#: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message: they
+#: prune configurations that compile (docs/gpu_order.md), unlike the validity constraints 0-8.
+HEURISTIC_FILTERS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^wg_size_x <= wg_m OR wg_size_x <= wg_n$"),
+    re.compile(r"^red_\d+ must be divisible by mma_m\b"),
+)
+
 
 @dataclass(frozen=True)
 class GpuSpace:
@@ -95,8 +103,14 @@ def _constraint_ops(module: Any) -> list[Any]:
     return found
 
 
-def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
-    """Every constraint set IREE emits for this problem on this GPU target."""
+def gpu_spaces(
+    problem: Problem, target: Target, heuristic_filters: bool = True
+) -> list[GpuSpace]:
+    """Every constraint set IREE emits for this problem on this GPU target.
+
+    `heuristic_filters=False` drops the assertions IREE marks as heuristic filters
+    (`HEURISTIC_FILTERS`) and keeps every validity constraint.
+    """
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen
 
@@ -106,6 +120,8 @@ def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
         module = ir.Module.parse(text)
         roots = list(iree_codegen.get_tuner_root_ops(module))
         for index, op in enumerate(_constraint_ops(module)):
+            if not heuristic_filters:
+                drop_heuristic_filters(op)
             spaces.append(_describe(index, op, roots))
     if not spaces:
         raise DispatchTuneError(
@@ -113,6 +129,27 @@ def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
             "(no MMA intrinsic fits these element types?)"
         )
     return spaces
+
+
+def drop_heuristic_filters(constraints_op: Any) -> list[str]:
+    """Erase the heuristic-filter assertions of one constraints op; returns their messages."""
+    from iree.compiler import ir
+
+    asserts: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "iree_codegen.smt.assert":
+            asserts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    constraints_op.walk(visit)
+    dropped = []
+    for op in asserts:
+        message = ir.StringAttr(op.attributes["msg"]).value
+        if any(p.search(message) for p in HEURISTIC_FILTERS):
+            dropped.append(message)
+            op.erase()
+    return dropped
 
 
 def _entries(attr: Any) -> tuple[Entry, ...]:
@@ -443,15 +480,19 @@ def enumerate_gpu(
     pipeline: str | None = None,
     limit: int | None = None,
     extra_knobs: Mapping[str, Sequence[int]] | None = None,
+    heuristic_filters: bool = True,
 ) -> CandidateSet:
-    """Candidates of every (or one) GPU pipeline, in IREE's constraint-op order."""
+    """Candidates of every (or one) GPU pipeline, in IREE's constraint-op order.
+
+    `heuristic_filters=False`: the whole valid space, without IREE's heuristic filters.
+    """
     if pipeline is not None and pipeline not in GPU_PIPELINES:
         raise DispatchTuneError(
             f"unknown GPU pipeline {pipeline!r}; choose one of {', '.join(GPU_PIPELINES)}"
         )
     if problem.kind == "attention":
         raise DispatchTuneError("GPU candidate enumeration supports contractions and convolutions")
-    spaces = gpu_spaces(problem, target)
+    spaces = gpu_spaces(problem, target, heuristic_filters)
     chosen = [s for s in spaces if pipeline is None or s.pipeline == pipeline]
     if not chosen:
         raise DispatchTuneError(f"IREE emits no {pipeline} constraints for this problem")
