@@ -454,24 +454,39 @@ class GpuMaterializer:
     def __getstate__(self) -> dict[str, Any]:
         return {"module_text": self.module_text, "knobs": self.knobs, "_state": None}
 
-    def compilation_info(self, row: pd.Series) -> str:
+    def _ops(self) -> tuple[Any, list[Any]]:
         from iree.compiler import ir
-        from iree.compiler.dialects import iree_codegen
 
         if self._state is None:
             context = ir.Context()
             with context:
                 module = ir.Module.parse(self.module_text)
             self._state = (context, module, _constraint_ops(module))
-        context, _, ops = self._state
-        space = int(row["space"])
-        assignment = {k: int(row[f"knob_{k}"]) for k in self.knobs[space]}
-        waves = int(row.get(f"knob_{WAVES_PER_EU}", 0))
+        return self._state[0], self._state[2]
+
+    def compilation_info(self, row: pd.Series) -> str:
+        return self.compilation_infos(row.to_frame().T)[0]
+
+    def compilation_infos(self, rows: pd.DataFrame) -> list[str]:
+        """`compilation_info` text of many rows: columns read once as arrays, one IREE context."""
+        from iree.compiler.dialects import iree_codegen
+
+        context, ops = self._ops()
+        spaces = rows["space"].to_numpy(dtype=np.int64)
+        waves_column = f"knob_{WAVES_PER_EU}"
+        waves = (rows[waves_column].to_numpy(dtype=np.int64) if waves_column in rows
+                 else np.zeros(len(rows), dtype=np.int64))
+        knobs = {name: rows[f"knob_{name}"].to_numpy(dtype=np.int64).tolist()
+                 for names in self.knobs.values() for name in names if f"knob_{name}" in rows}
+        out = []
         with context:
-            info = iree_codegen.materialize_compilation_info(ops[space], assignment)
-            if waves > 0:
-                info = _with_waves_per_eu(info, waves)
-            return str(info)
+            for i, space in enumerate(spaces.tolist()):
+                assignment = {k: knobs[k][i] for k in self.knobs[space]}
+                info = iree_codegen.materialize_compilation_info(ops[space], assignment)
+                if waves[i] > 0:
+                    info = _with_waves_per_eu(info, int(waves[i]))
+                out.append(str(info))
+        return out
 
 
 def enumerate_gpu(
