@@ -49,7 +49,20 @@ def random_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
     return np.zeros(len(table))  # all tied: the expected position is (N + 1) / 2
 
 
-SCORERS: dict[str, Scorer] = {"heuristic": heuristic_scores, "random": random_scores}
+def model_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+    """The installed gfx942 default model (the pairwise prior: trained on these very files)."""
+    from dispatchtune.costmodel.defaults import model_for_target
+    from dispatchtune.features import extract_features
+
+    model = model_for_target(TARGET)[0]
+    features = extract_features(problem, get_target(TARGET), table)
+    with_table = getattr(model, "predict_candidates", None)
+    return np.asarray(with_table(features, table) if with_table else model.predict(features))
+
+
+SCORERS: dict[str, Scorer] = {
+    "heuristic": heuristic_scores, "random": random_scores, "model": model_scores,
+}
 
 
 def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = True) -> pd.DataFrame:

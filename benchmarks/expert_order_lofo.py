@@ -153,7 +153,8 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 def fit_prior(data: Sequence[Expert], weak: bool, c: float) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
-    return PairwiseModel(c=c).fit(features, labels, groups)
+    pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
+    return PairwiseModel(c=c).fit(features, labels, groups, pipelines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -190,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
             for name, model in priors.items():
-                scores = model.predict(data[j][3])
+                scores = model.predict_candidates(data[j][3], data[j][2])
                 fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
         print(f"held out {held}", file=sys.stderr)
     rows = []

@@ -3,10 +3,14 @@
 Ground truth for GPU orders here is not timings but choices: an expert shipped one configuration
 of a dispatch, so it ranks above the other candidates of that dispatch (IREE's own default is a
 weaker positive). The model is logistic regression on feature differences of such pairs, so
-`predict` is a plain linear score on a fixed basis: log2 of a few GPU features, their squares and
-the handwritten heuristic's term scores, each standardised within the candidate set being ranked
-(one `predict` call = one dispatch's candidates; the scale of a feature differs a lot between
-dispatches, its rank within one does not). One weight array, saved by `costmodel/modelfile.py`
+`predict` is a plain linear score on a fixed basis: log2 of a few GPU features, their squares, the
+handwritten heuristic's term scores and whether the row is a VectorDistribute one, each
+standardised within the candidate set being ranked (one call = one dispatch's candidates; the
+scale of a feature differs a lot between dispatches, its rank within one does not). The pipeline
+is not a feature (the feature schema is shared with the CPU models), so it comes from the
+candidate table: `predict_candidates(features, table)`, which `costmodel.rank` calls when a model
+has it; `predict(features)` alone leaves that column at 0 (held out, this loses most of the
+prior's advantage: docs/gpu_order.md). One weight array, saved by `costmodel/modelfile.py`
 as the "pairwise" kind. See docs/gpu_order.md for how the shipped gfx942
 model is trained and how it does on held-out spec files.
 """
@@ -33,9 +37,10 @@ BASIS_FEATURES: tuple[str, ...] = (
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 
 
-def basis(features: pd.DataFrame) -> np.ndarray:
-    """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, and the
-    heuristic's term scores; standardised over the rows given (one candidate set)."""
+def basis(features: pd.DataFrame, pipelines: Any = None) -> np.ndarray:
+    """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, the
+    heuristic's term scores and VectorDistribute (1/0; 0 without `pipelines`); standardised over
+    the rows given (one candidate set)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
     missing = [name for name in BASIS_FEATURES if name not in features.columns]
@@ -43,7 +48,10 @@ def basis(features: pd.DataFrame) -> np.ndarray:
         raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
     x = np.log2(np.maximum(features[list(BASIS_FEATURES)].to_numpy(np.float64), 2.0**-10))
     terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
-    z = np.hstack([x, x**2 / 10.0, terms])
+    vd = np.zeros((len(x), 1))
+    if pipelines is not None:
+        vd[:, 0] = np.asarray(pipelines).astype(str) == "VectorDistribute"
+    z = np.hstack([x, x**2 / 10.0, terms, vd])
     return (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
 
 
@@ -58,7 +66,7 @@ def basis_names() -> list[str]:
     probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
     terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
     return ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
-            + terms)
+            + terms + ["vector_distribute"])
 
 
 class PairwiseModel(CostModel):
@@ -81,10 +89,12 @@ class PairwiseModel(CostModel):
     def fitted(self) -> bool:
         return self.weights is not None
 
-    def fit(self, features: pd.DataFrame, labels: Any, groups: Any = None) -> PairwiseModel:
+    def fit(self, features: pd.DataFrame, labels: Any, groups: Any = None,
+            pipelines: Any = None) -> PairwiseModel:
         """`labels`: POSITIVE for expert rows, WEAK_POSITIVE for IREE's default, 0 otherwise;
-        `groups`: the dispatch of each row. Each positive is paired with up to `pairs` rows of its
-        group labelled lower (both orientations, so no intercept is needed)."""
+        `groups`: the dispatch of each row; `pipelines`: each row's pipeline name. Each positive is
+        paired with up to `pairs` rows of its group labelled lower (both orientations, so no
+        intercept is needed)."""
         from sklearn.linear_model import LogisticRegression
 
         y = np.asarray(labels, dtype=np.float64)
@@ -94,7 +104,8 @@ class PairwiseModel(CostModel):
         z = np.zeros((len(y), len(basis_names())))
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
-            z[rows] = basis(features.iloc[rows])
+            z[rows] = basis(features.iloc[rows],
+                            None if pipelines is None else np.asarray(pipelines)[rows])
         rng = np.random.default_rng(self.seed)
         diffs, weights = [], []
         for group in pd.unique(g):
@@ -119,9 +130,14 @@ class PairwiseModel(CostModel):
         return self
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
+        return self.predict_candidates(features, None)
+
+    def predict_candidates(self, features: pd.DataFrame, table: pd.DataFrame | None) -> np.ndarray:
+        """Scores of one candidate set, its pipelines read from the candidate `table`."""
         if self.weights is None:
             raise InputError("the pairwise model is not trained")
-        z = basis(features)
+        pipelines = None if table is None or "pipeline" not in table else table["pipeline"]
+        z = basis(features, pipelines)
         # Rounded so that candidates equal on every basis feature tie exactly.
         return np.round(z @ self.weights, 9)
 
