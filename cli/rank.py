@@ -108,7 +108,9 @@ def write_json_lines(cset: Any, ranked: pd.DataFrame, problem_key: str, out: Tex
     import numpy as np
 
     knob_columns = [c for c in ranked.columns if c not in ("pipeline", "score", "candidate_id")]
-    knobs = ranked[knob_columns].to_dict("records")  # native Python ints and strings
+    # Column lists zipped into dicts: native Python values, several times faster than to_dict.
+    values = [ranked[c].tolist() for c in knob_columns]
+    knobs = [dict(zip(knob_columns, row, strict=True)) for row in zip(*values, strict=True)]
     infos = compilation_infos(cset, ranked)
     scores = ranked["score"].to_numpy(dtype=np.float64).tolist()
     ids = ranked["candidate_id"].to_numpy().tolist()

@@ -15,7 +15,13 @@ from dispatchtune.errors import DispatchTuneError
 from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, write_spec
 from dispatchtune.problem import Problem
 from dispatchtune.search import CandidateSet, enumerate_candidates
-from dispatchtune.search.gpu import GpuSpace, enumerate_space, gpu_spaces, reference_solutions
+from dispatchtune.search.gpu import (
+    GpuMaterializer,
+    GpuSpace,
+    enumerate_space,
+    gpu_spaces,
+    reference_solutions,
+)
 from dispatchtune.targets import get_target
 from dispatchtune.toolchain import run_tool
 
@@ -207,3 +213,25 @@ def test_added_candidates_apply_and_compile(tmp_path: Path) -> None:
         proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
                                          str(tmp_path / "op.vmfb")])
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("problem", "extra"),
+    [
+        (Problem.conv2d_nhwc_hwcf(2, 16, 16, 64, 64, 3, 3, "f16"), None),  # one-of igemm knob
+        (SMALL, {"waves_per_eu": (0, 2), "prefetch_num_stages": (0, 2)}),  # elided defaults
+    ],
+)
+def test_batch_compilation_infos_equal_irees_own_per_row(
+    problem: Problem, extra: dict[str, tuple[int, ...]] | None
+) -> None:
+    """`compilation_infos` (templated per constraint op) is exactly IREE's text for every row."""
+    cands = enumerate_candidates(problem, "gfx942", extra_knobs=extra)
+    table = cands.table
+    for pipeline in set(table["pipeline"].astype(str)):
+        rows = table[table["pipeline"].astype(str) == pipeline]
+        materializer = cands.materializers[pipeline]
+        assert isinstance(materializer, GpuMaterializer)
+        texts = materializer.compilation_infos(rows)
+        # A single row is never templated: IREE materialises it directly.
+        assert texts == [cands.compilation_info(int(i)) for i in rows.index]
