@@ -83,7 +83,8 @@ def add_heuristic_filters_flag(parser: argparse.ArgumentParser) -> None:
         "--no-heuristic-filters", dest="heuristic_filters", action="store_false",
         help="GPU: drop the constraints IREE marks as heuristic filters (threads <= the larger "
         "workgroup tile, K tile a multiple of the intrinsic's M) and keep its validity "
-        "constraints; the added candidates compile (docs/gpu_order.md)",
+        "constraints: brings in most expert configurations, and candidates of which some fail "
+        "to compile (measured in docs/gpu_order.md; tune records them as compile failures)",
     )
 
 

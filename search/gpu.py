@@ -30,8 +30,9 @@ from dispatchtune.toolchain import first_error_line, run_tool
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
 #: Assertions IREE emits under "Additional heuristic filters to narrow the search space"
-#: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message: they
-#: prune configurations that compile (docs/gpu_order.md), unlike the validity constraints 0-8.
+#: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message. They
+#: exclude most expert configurations, which compile, but also some candidates that do not
+#: (measured in docs/gpu_order.md); the validity constraints 0-8 are always kept.
 HEURISTIC_FILTERS: tuple[re.Pattern[str], ...] = (
     re.compile(r"^wg_size_x <= wg_m OR wg_size_x <= wg_n$"),
     re.compile(r"^red_\d+ must be divisible by mma_m\b"),
