@@ -1,4 +1,10 @@
-"""The model's entry function: which function is benchmarked, its signature, its random inputs."""
+"""The model's entry function: which function is benchmarked, its signature, its random inputs.
+
+Integer arguments are usually token ids or indices: random values outside the gathered dimension
+make the model read out of bounds (an embedding lookup with negative ids did, issue #21). Their
+valid range is read from the IR: a value that reaches a `tensor.extract` index (through casts,
+reshapes and `linalg.generic` bodies) must stay below that dimension of the extracted tensor.
+"""
 
 from __future__ import annotations
 
@@ -10,12 +16,63 @@ from dispatchtune.errors import InputError
 from dispatchtune.measure.verify import Call, TensorType, numpy_dtype, write_random_inputs
 from dispatchtune.toolchain import mlir_error_line
 
+# Integer arguments whose use the IR does not reveal get 0 or 1: valid for any index and any
+# boolean or mask input.
+FALLBACK_INT_RANGE = (0, 2)
+# Ops that pass an integer value (or a tensor of them) through unchanged as far as ranges go.
+_PASS_THROUGH = frozenset({
+    "arith.index_cast", "arith.index_castui", "arith.extsi", "arith.extui", "arith.trunci",
+    "tensor.expand_shape", "tensor.collapse_shape", "tensor.extract_slice", "tensor.cast",
+    "tensor.reshape", "linalg.transpose", "linalg.broadcast",
+})
+
 
 @dataclass(frozen=True)
 class EntryFunction:
     name: str
     inputs: tuple[TensorType, ...]
     results: tuple[TensorType, ...]
+    # [low, high) for each integer argument (None for floats): see the module docstring.
+    int_ranges: tuple[tuple[int, int] | None, ...] = ()
+
+
+def _index_bound(value: Any, depth: int = 0) -> int | None:
+    """The smallest dimension `value` indexes through `tensor.extract` (None: not an index)."""
+    from iree.compiler import ir
+
+    if depth > 8:
+        return None
+    bounds: list[int] = []
+    for use in value.uses:
+        owner = use.owner
+        owner = owner.operation if hasattr(owner, "operation") else owner
+        name = owner.name
+        found: int | None = None
+        if name == "tensor.extract" and use.operand_number >= 1:
+            shaped = ir.RankedTensorType(owner.operands[0].type)
+            size = shaped.shape[use.operand_number - 1]
+            found = int(size) if size > 0 else None
+        elif name in _PASS_THROUGH and len(owner.results) == 1:
+            found = _index_bound(owner.results[0], depth + 1)
+        elif name == "linalg.generic" and owner.regions and owner.regions[0].blocks:
+            arguments = owner.regions[0].blocks[0].arguments
+            if use.operand_number < len(arguments):
+                found = _index_bound(arguments[use.operand_number], depth + 1)
+        if found is not None:
+            bounds.append(found)
+    return min(bounds) if bounds else None
+
+
+def _int_ranges(function: Any, inputs: tuple[TensorType, ...]) -> tuple[tuple[int, int] | None, ...]:
+    block = function.regions[0].blocks[0]
+    ranges: list[tuple[int, int] | None] = []
+    for tensor, argument in zip(inputs, block.arguments, strict=True):
+        if not tensor.element_type.startswith("i"):
+            ranges.append(None)
+            continue
+        bound = _index_bound(argument)
+        ranges.append((0, bound) if bound else FALLBACK_INT_RANGE)
+    return tuple(ranges)
 
 
 def _tensor_type(value_type: Any, what: str) -> TensorType:
@@ -75,10 +132,10 @@ def find_entry(path: Path, function: str = "") -> EntryFunction:
         results = tuple(
             _tensor_type(t, f"result {i} of @{name}") for i, t in enumerate(ftype.results)
         )
+        int_ranges = _int_ranges(public[name], inputs)
     if not results:
         raise InputError(f"{path}: @{name} returns nothing to compare")
-    return EntryFunction(name, inputs, results)
-
+    return EntryFunction(name, inputs, results, int_ranges)
 
 
 def model_call(entry: EntryFunction, directory: Path, seed: int) -> Call:
@@ -92,6 +149,7 @@ def model_call(entry: EntryFunction, directory: Path, seed: int) -> Call:
             raise InputError(
                 f"argument {i} of @{entry.name}: no random inputs for {tensor.element_type}"
             )
-    flags = write_random_inputs(entry.inputs, directory, seed, scale=0.1)
+    flags = write_random_inputs(entry.inputs, directory, seed, scale=0.1,
+                                int_ranges=entry.int_ranges)
     assert flags is not None  # every input type was checked above
     return Call(entry.name, flags, entry.results)
