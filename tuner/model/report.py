@@ -100,8 +100,12 @@ def _console_lines(result: ModelTuneResult, target: Target) -> list[str]:
     # Problems left out by the selection knobs are in summary.md; the console names the others.
     refused = [s for s in result.skipped
                if not s.skip_reason.startswith(("below --min-share", "outside --coverage"))]
-    for share in refused[:8]:
-        lines.append(f"  not tuned {share.key} ({share.share:.1%}): {share.skip_reason}")
+    by_reason: dict[str, list[DispatchShare]] = {}
+    for share in refused:
+        by_reason.setdefault(share.skip_reason, []).append(share)
+    for reason, group in by_reason.items():
+        names = group[0].key if len(group) == 1 else f"{len(group)} problems"
+        lines.append(f"  not tuned: {names} ({sum(s.share for s in group):.1%}): {reason}")
     lines.append(
         f"spec: {result.spec_path} ({len(result.kept)} configuration(s); pass it with "
         f"{target.tuning_spec_flag}=...)  summary: {result.summary_path}"
