@@ -34,8 +34,23 @@ def cache_dir() -> Path:
     return Path(root) / "lowered"
 
 
+_SCANNED: dict[tuple[str, int, int], tuple[str, bool]] = {}
+
+
 def scan_input(path: Path) -> tuple[str, bool]:
-    """(sha256 of the file, whether it is torch dialect), in one streaming pass."""
+    """(sha256 of the file, whether it is torch dialect), in one streaming pass.
+
+    Remembered per (path, mtime, size) for the process, so the callers that need the hash (the
+    lowering cache, a tune-model directory's identity) do not read a large file twice.
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _SCANNED:
+        _SCANNED[key] = _scan(path)
+    return _SCANNED[key]
+
+
+def _scan(path: Path) -> tuple[str, bool]:
     digest = hashlib.sha256()
     is_torch = False
     tail = b""
