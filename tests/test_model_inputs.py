@@ -111,3 +111,27 @@ def test_compile_timeouts_follow_the_default_build() -> None:
     assert adaptive_timeout(0.5, 600) == 10.0
     assert adaptive_timeout(8.0, 600) == 40.0
     assert adaptive_timeout(200.0, 600) == 600.0
+
+
+def test_user_inputs_from_npz(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatchtune.cli import main as cli_main
+    from dispatchtune.errors import InputError
+
+    model = FIXTURES / "embedding_gather.mlir"
+    entry = find_entry(model)
+    ids = np.arange(8, dtype=np.int64).reshape(1, 8)
+    np.savez(tmp_path / "ok.npz", ids, np.ones(1, np.int32))
+    call = model_call(entry, tmp_path / "inputs", 0, tmp_path / "ok.npz")
+    assert call.inputs[0] == f"--input=1x8xi64=@{tmp_path / 'inputs' / 'input0.bin'}"
+    assert np.array_equal(np.fromfile(tmp_path / "inputs" / "input0.bin", np.int64), ids.ravel())
+    np.savez(tmp_path / "short.npz", ids)
+    np.savez(tmp_path / "shape.npz", ids.reshape(8, 1), np.ones(1, np.int32))
+    for name, message in (("short", "holds 1 arrays"),
+                          ("shape", r"array 0 is int64\[8, 1\]; argument 0 of @main is 1x8xi64"),
+                          ("missing", "cannot read --inputs")):
+        with pytest.raises(InputError, match=message):
+            model_call(entry, tmp_path / "inputs", 0, tmp_path / f"{name}.npz")
+    code = cli_main(["tune-model", str(model), "-o", str(tmp_path / "out"), "--no-progress",
+                     "--inputs", str(tmp_path / "short.npz")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "holds 1 arrays" in err, err

@@ -138,12 +138,18 @@ def find_entry(path: Path, function: str = "") -> EntryFunction:
     return EntryFunction(name, inputs, results, int_ranges)
 
 
-def model_call(entry: EntryFunction, directory: Path, seed: int) -> Call:
-    """The entry function with seeded random inputs written to `directory` as raw files.
+def model_call(
+    entry: EntryFunction, directory: Path, seed: int, inputs: Path | None = None
+) -> Call:
+    """The entry function with its inputs written to `directory` as raw files.
 
-    Floats are normal(0, 0.1): weight-sized values keep softmax and layer-norm inputs in a range
-    where f32 rounding differences between configurations stay far below the comparison tolerance.
+    `inputs`: a `.npz` file with one array per argument, in argument order (the user's own
+    inputs). Otherwise seeded random ones: floats normal(0, 0.1), since weight-sized values keep
+    softmax and layer-norm inputs in a range where f32 rounding differences between
+    configurations stay far below the comparison tolerance; integers within `int_ranges`.
     """
+    if inputs is not None:
+        return Call(entry.name, _user_inputs(entry, inputs, directory), entry.results)
     for i, tensor in enumerate(entry.inputs):
         if numpy_dtype(tensor.element_type) is None:
             raise InputError(
@@ -153,3 +159,30 @@ def model_call(entry: EntryFunction, directory: Path, seed: int) -> Call:
                                 int_ranges=entry.int_ranges)
     assert flags is not None  # every input type was checked above
     return Call(entry.name, flags, entry.results)
+
+
+def _user_inputs(entry: EntryFunction, path: Path, directory: Path) -> tuple[str, ...]:
+    """`--input=` flags for the arrays of a `.npz` file, checked against the signature."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as archive:
+            arrays = [archive[name] for name in archive.files]
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read --inputs {path}: {exc}".splitlines()[0]) from None
+    if len(arrays) != len(entry.inputs):
+        raise InputError(f"--inputs {path} holds {len(arrays)} arrays; @{entry.name} takes "
+                         f"{len(entry.inputs)} arguments")
+    directory.mkdir(parents=True, exist_ok=True)
+    flags = []
+    for i, (array, tensor) in enumerate(zip(arrays, entry.inputs, strict=True)):
+        dtype = numpy_dtype(tensor.element_type)
+        if tuple(array.shape) != tensor.shape or dtype is None or array.dtype.kind != dtype.kind:
+            raise InputError(
+                f"--inputs {path}: array {i} is {array.dtype}{list(array.shape)}; argument {i} "
+                f"of @{entry.name} is {tensor.flag}"
+            )
+        target = directory / f"input{i}.bin"
+        np.ascontiguousarray(array.astype(dtype)).tofile(target)
+        flags.append(f"--input={tensor.flag}=@{target}")
+    return tuple(flags)

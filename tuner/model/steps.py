@@ -100,7 +100,8 @@ class _ModelTuner:
                                       options.benchmark_timeout_s, self.timer)
         self.model_sha = scan_input(model)[0]  # streamed: a 100 MB model is never held twice
         self.model_timeout_s = options.compile_timeout_s  # until the default build is timed
-        self.call = model_call(self.entry, self.work / "inputs", options.seed)
+        self.call = model_call(self.entry, self.work / "inputs", options.seed,
+                               Path(options.inputs) if options.inputs else None)
         self.reference: list[np.ndarray] | None = None
         self.verify_note = ""
         self.builds: dict[str, Path] = {}
