@@ -135,3 +135,19 @@ def test_user_inputs_from_npz(tmp_path: Path, capsys: pytest.CaptureFixture[str]
                      "--inputs", str(tmp_path / "short.npz")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "holds 1 arrays" in err, err
+
+
+def test_tune_model_takes_the_torch_export_directly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatchtune.cli import main as cli_main
+
+    out = tmp_path / "out"
+    code = cli_main(["tune-model", str(FIXTURES / "torch_mm_f32.mlir"), "--budget", "2",
+                     "--model-rounds", "1", "--final-rounds", "1", "--repetitions", "2",
+                     "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "is torch dialect: lowered to a tensor function" in captured.err
+    summary = (out / "summary.md").read_text()
+    assert "Lowered from the torch-dialect export" in summary and "contraction_64x48x32" in summary
