@@ -428,7 +428,12 @@ class _ModelTuner:
                         f"{len(best['ratios'])} rounds): not above {self.options.min_model_speedup}")
         else:
             base_times = []
-            note = "no candidate could be measured in the model"
+            counts: dict[str, int] = {}
+            for t in tried:
+                counts[t["status"]] = counts.get(t["status"], 0) + 1
+            # e.g. "not_applied: 2": IREE dropped the spec in the model (said once, with the count)
+            note = "no candidate could be measured in the model (" + ", ".join(
+                f"{status}: {n}" for status, n in sorted(counts.items())) + ")"
         self.log.append("step", key=share.key, base=base, candidates=ids, timer=self.timer,
                         rounds=self.options.model_rounds, tried=tried,
                         kept=kept_id, note=note, base_times_ms=base_times)
