@@ -72,6 +72,9 @@ def register(subparsers: Any) -> None:
         help="model time: process CPU time or wall clock (default %(default)s: cpu on local-sync, "
         "whose single thread does all the work, so load from other processes does not count)",
     )
+    parser.add_argument("--inputs", default=defaults.inputs, metavar="FILE.npz",
+                        help="the model's inputs, one array per argument in order (default: "
+                        "seeded random ones; integer ids stay below the table they index)")
     parser.add_argument("--device", default=defaults.device,
                         help="device (default: the target's; local-sync for host)")
     parser.set_defaults(handler=run)
@@ -97,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         repetitions=args.repetitions,
         timer=args.timer,
         function=args.function,
+        inputs=args.inputs,
         device=args.device,
         verify=not args.no_verify,
         seed=args.seed,

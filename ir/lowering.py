@@ -5,6 +5,11 @@ once with IREE's own torch input pipeline (`iree-compile --iree-input-type=torch
 --compile-to=input`: torch -> linalg on tensors, SDPA -> `iree_linalg_ext.attention`), and the
 result is cached under the input's content hash, so a 100 MB export is hashed in one streaming
 pass (never held in Python) and lowered by IREE only the first time it is seen.
+
+`tune-model` benchmarks the model's own function with tensor inputs, which IREE's pipeline wraps in
+its `!hal.buffer_view` ABI; `lower_torch_to_function` runs the same conversions (SDPA included,
+via IREE's torch-to-linalg-ext passes) but finishes with torch-mlir's backend type conversion, so
+the result is a plain `func.func @main(tensor...) -> tensor...`.
 """
 
 from __future__ import annotations
@@ -29,8 +34,23 @@ def cache_dir() -> Path:
     return Path(root) / "lowered"
 
 
+_SCANNED: dict[tuple[str, int, int], tuple[str, bool]] = {}
+
+
 def scan_input(path: Path) -> tuple[str, bool]:
-    """(sha256 of the file, whether it is torch dialect), in one streaming pass."""
+    """(sha256 of the file, whether it is torch dialect), in one streaming pass.
+
+    Remembered per (path, mtime, size) for the process, so the callers that need the hash (the
+    lowering cache, a tune-model directory's identity) do not read a large file twice.
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+    if key not in _SCANNED:
+        _SCANNED[key] = _scan(path)
+    return _SCANNED[key]
+
+
+def _scan(path: Path) -> tuple[str, bool]:
     digest = hashlib.sha256()
     is_torch = False
     tail = b""
@@ -43,28 +63,50 @@ def scan_input(path: Path) -> tuple[str, bool]:
     return digest.hexdigest(), is_torch
 
 
+# IREE's torch input conversions with a tensor (not buffer-view) calling convention. SDPA stays
+# whole until IREE's unstructured-to-linalg-ext pass turns it into `iree_linalg_ext.attention`.
+_FUNCTION_PIPELINE = (
+    "builtin.module("
+    "torch-function-to-torch-backend-pipeline{backend-legal-ops=aten.scaled_dot_product_attention},"
+    "func.func(torch-iree-torch-unstructured-to-linalg-ext,convert-torch-to-tmtensor,"
+    "torch-iree-tm-tensor-to-linalg-ext,convert-torch-to-tensor,convert-torch-to-linalg,"
+    "convert-torch-to-scf,convert-torch-to-arith),"
+    "torch-func-backend-type-conversion,func.func(torch-finalizing-backend-type-conversion),"
+    "canonicalize)"
+)
+
+
 def lower_if_torch(path: Path) -> Path:
     """`path` itself, or for a torch-dialect file its lowering to IREE input (cached)."""
+    return _lower(path, "input")
+
+
+def lower_torch_to_function(path: Path) -> Path:
+    """`path` itself, or for a torch-dialect file a plain tensor `func.func` module (cached)."""
+    return _lower(path, "function")
+
+
+def _lower(path: Path, form: str) -> Path:
     if not path.is_file():
         raise InputError(f"no such file: {path}")
     digest, is_torch = scan_input(path)
     if not is_torch:
         return path
-    out = cache_dir() / f"{digest}.mlir"
+    out = cache_dir() / (f"{digest}.mlir" if form == "input" else f"{digest}.{form}.mlir")
     if out.is_file():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    proc = run_tool(
-        "iree-compile",
-        [str(path), "--iree-input-type=torch", "--compile-to=input", "-o", str(tmp)],
-        timeout=600.0,
-    )
+    if form == "input":
+        tool, args = "iree-compile", ["--iree-input-type=torch", "--compile-to=input"]
+    else:
+        tool, args = "iree-opt", [f"--pass-pipeline={_FUNCTION_PIPELINE}"]
+    proc = run_tool(tool, [str(path), *args, "-o", str(tmp)], timeout=600.0)
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise InputError(
             f"IREE's torch input pipeline rejected {path}: {first_error_line(proc.stderr)}"
         )
     tmp.replace(out)  # atomic: a concurrent reader never sees half a file
-    logger.info("lowered torch-dialect %s to %s", path, out)
+    logger.info("lowered torch-dialect %s to %s (%s)", path, out, form)
     return out

@@ -10,15 +10,25 @@ configured by the compiler, plus a `util.initializer` that allocates the binding
 
 The fill is inserted with IREE's IR bindings (the ops are parsed from a small template function
 whose arguments are then rewired to the initializer's values), and the result is verified.
+
+A dispatch of a model whose weights are `dense_resource` blobs may inline a small constant (a
+bias) as `dense_resource<name>`, but the dump does not carry the model's blob section, so the file
+fails to parse ("resource does not exist"). `dump_dispatch_benchmarks` synthesises each missing
+blob: seeded values of the constant's type and size, never a splat, so the dispatch compiles to
+the same code as in the model (a splat could be folded into it) without re-reading the model.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.measure.process import run_process
@@ -26,7 +36,11 @@ from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import mlir_error_line, tool_path
 
+logger = logging.getLogger(__name__)
+
 BENCHMARK_MARKER = 'iree.benchmark = "dispatch"'
+_RESOURCE_USE = re.compile(r"dense_resource<([\w.$-]+)>\s*:\s*tensor<([^>]+)>")
+_RESOURCES_SECTION = re.compile(r"\{-#\s*dialect_resources:\s*\{\s*builtin:\s*\{")
 
 # Template of the ops inserted after the buffer is stored to its global. The arguments stand for
 # the initializer's device, queue affinity, buffer and size; they are replaced by those values.
@@ -92,7 +106,60 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
     files = sorted(out_dir.glob("*_benchmark.mlir"))
     if not files:
         raise InputError(f"{input_path}: iree-compile dumped no dispatch benchmarks")
+    for file in files:
+        text = file.read_text()
+        if "dense_resource<" not in text:
+            continue
+        completed, added = synthesise_missing_resources(text)
+        if added:
+            file.write_text(completed)
+            logger.info("%s: synthesised the blobs it references but does not carry: %s",
+                        file.name, ", ".join(added))
     return files
+
+
+def _blob(type_text: str, seed: int) -> str:
+    """Hex blob (MLIR's format: 4-byte alignment, then the raw data) for `AxBx...xT` values."""
+    from dispatchtune.measure.verify import numpy_dtype
+
+    *dims, element = type_text.split("x")
+    shape = tuple(int(d) for d in dims)
+    if element == "i1":
+        dtype = np.dtype(np.bool_)
+    else:
+        found = numpy_dtype(element)
+        if found is None:
+            raise InputError(f"cannot synthesise a dense_resource of type tensor<{type_text}>")
+        dtype = found
+    rng = np.random.default_rng(seed)
+    if np.issubdtype(dtype, np.floating) or dtype.kind == "V":  # ml_dtypes floats are kind V
+        values = (0.1 * rng.standard_normal(shape)).astype(np.float32).astype(dtype)
+    else:
+        values = rng.integers(0, 2, size=shape).astype(dtype)
+    alignment = max(dtype.itemsize, 1).to_bytes(4, "little")
+    return "0x" + (alignment + values.tobytes()).hex().upper()
+
+
+def synthesise_missing_resources(text: str) -> tuple[str, list[str]]:
+    """`text` with a blob for every `dense_resource<name>` it uses but does not define."""
+    match = _RESOURCES_SECTION.search(text)
+    defined = text[match.end():] if match else ""
+    missing: dict[str, str] = {}
+    for name, type_text in _RESOURCE_USE.findall(text):
+        if name not in missing and not re.search(rf"(^|[\s,{{]){re.escape(name)}\s*:", defined):
+            missing[name] = type_text.strip()
+    if not missing:
+        return text, []
+    entries = ",\n".join(
+        f'      {name}: "{_blob(type_text, seed)}"'
+        for seed, (name, type_text) in enumerate(missing.items())
+    )
+    if match:
+        text = f"{text[:match.end()]}\n{entries},{text[match.end():]}"
+    else:
+        section = f"{{-#\n  dialect_resources: {{\n    builtin: {{\n{entries}\n    }}\n  }}\n#-}}\n"
+        text = f"{text.rstrip()}\n\n{section}"
+    return text, list(missing)
 
 
 def strip_compilation_info(path: Path, out_path: Path) -> Path:

@@ -72,11 +72,13 @@ class Call:
 
 
 def write_random_inputs(
-    tensors: Sequence[TensorType], directory: Path, seed: int, scale: float = 1.0
+    tensors: Sequence[TensorType], directory: Path, seed: int, scale: float = 1.0,
+    int_ranges: Sequence[tuple[int, int] | None] = (),
 ) -> tuple[str, ...] | None:
     """Seeded random inputs as raw files, one per tensor; returns the `--input=` flags that load
     them (None when numpy cannot hold an element type). Floats are normal(0, `scale`), integers
-    uniform in [-4, 4] (small, so integer accumulation never overflows)."""
+    uniform in `int_ranges[i]` = [low, high) where given (token ids, indices), else in [-4, 4]
+    (small, so integer accumulation never overflows)."""
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     flags: list[str] = []
@@ -85,7 +87,8 @@ def write_random_inputs(
         if dtype is None:
             return None
         if np.issubdtype(dtype, np.integer):
-            values = rng.integers(-4, 5, size=tensor.shape).astype(dtype)
+            low, high = (int_ranges[i] if i < len(int_ranges) else None) or (-4, 5)
+            values = rng.integers(low, high, size=tensor.shape).astype(dtype)
         else:
             normal = rng.standard_normal(size=tensor.shape)
             values = (normal if scale == 1.0 else scale * normal).astype(np.float32).astype(dtype)

@@ -265,3 +265,24 @@ def test_output_dir_of_another_model_is_refused(
     code = cli_main(["tune-model", str(other), "-o", str(out), "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "another model" in err and len(err.splitlines()) == 1
+
+
+def test_one_failing_dispatch_is_reported_and_the_others_are_tuned(tmp_path: Path) -> None:
+    """A dispatch whose tuning fails becomes a skip reason (logged, reused on resume)."""
+    model = Path(__file__).resolve().parent / "fixtures" / "mlp_two_matmuls.mlir"
+    problems = load_problems(model, HOST)
+    good = problems[0]
+    broken = replace(problems[1], name="mlp_dispatch_99_matmul")  # no such dumped dispatch
+    shares = [DispatchShare(broken, [broken.name], 1, 2.0, 0.5, broken.name, budget=2),
+              DispatchShare(good, [good.name], 1, 1.0, 0.25, good.name, budget=2)]
+    tuner = _ModelTuner(model, HOST, tmp_path, small())
+    records = tuner.tune_dispatches(shares)
+    assert shares[0].skip_reason.startswith("dispatch tuning failed: ")
+    assert "no dumped benchmark" in shares[0].skip_reason and not shares[1].skip_reason
+    assert {r["problem_key"] for r in records} == {good.key}
+    failed = [r for r in _log(tmp_path) if r["kind"] == "dispatch_failed"]
+    assert [r["key"] for r in failed] == [broken.key]
+    again = [replace(s, skip_reason="") for s in shares]
+    tuner.tune_dispatches(again)  # resumed: the failure comes from the log, nothing re-run
+    assert again[0].skip_reason == shares[0].skip_reason
+    assert len([r for r in _log(tmp_path) if r["kind"] == "dispatch_failed"]) == 1

@@ -18,6 +18,13 @@
 5. measure the default and the final build interleaved, verify the final outputs once more, and
    write `tuning_spec.mlir`, `summary.md` and `model_tuning.png`.
 
+Nothing one dispatch does aborts the run: a problem IREE cannot be given a configuration for is
+refused before any budget goes to it (`profile.configurable_reason`), and any failure while
+tuning or deciding one problem (its default build, its benchmark, a spec IREE drops) becomes that
+problem's `skip_reason`, reported in `summary.md` with its share of the model's time. The run
+fails only when the model itself does not compile or run. iree-turbine's torch-dialect exports are
+lowered to a plain tensor function first (`ir.lowering.lower_torch_to_function`).
+
 Steps 1 and 3-5 are `steps._ModelTuner`'s, the profile arithmetic of 2 is `profile`'s, the outputs
 of 5 are `report`'s. Every model-level measurement and decision is appended to `model_log.jsonl`
 as soon as it is known; a re-run with the same output directory reuses the profile, the dispatch
@@ -27,6 +34,7 @@ measured twice.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -35,9 +43,17 @@ from dispatchtune.measure.builder import write_spec_file
 from dispatchtune.measure.runner import DispatchRow
 from dispatchtune.targets import Target, get_target
 from dispatchtune.tuner.model.options import ModelTuneOptions
-from dispatchtune.tuner.model.profile import allocate_budget, attribute_time, select_dispatches
+from dispatchtune.tuner.model.profile import (
+    DispatchShare,
+    allocate_budget,
+    attribute_time,
+    configurable_reason,
+    select_dispatches,
+)
 from dispatchtune.tuner.model.report import ModelTuneResult, write_result
 from dispatchtune.tuner.model.steps import ModelStep, _ModelTuner
+
+logger = logging.getLogger(__name__)
 
 
 def tune_model(
@@ -48,52 +64,40 @@ def tune_model(
 ) -> ModelTuneResult:
     """Tune a whole model; write `output_dir/tuning_spec.mlir` and `summary.md` (resumable)."""
     from dispatchtune.ir.frontend import load_problems
+    from dispatchtune.ir.lowering import lower_torch_to_function
 
     options = options or ModelTuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
     target.check_runs_here()
-    model = Path(path)
-    if not model.is_file():
-        raise InputError(f"no such file: {model}")
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"no such file: {source}")
+    model = lower_torch_to_function(source)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tuner = _ModelTuner(model, target, out, options)
+    tuner = _ModelTuner(model, target, out, options, source=source)
+    if model != source:
+        tuner.say(f"{source.name} is torch dialect: lowered to a tensor function ({model})")
     tuner._check_identity()
     try:
         profile = tuner.profile()
-        problems = load_problems(model, target) if profile["dispatches"] else []
+        problems = load_problems(model, tuner.target) if profile["dispatches"] else []
         rows = [DispatchRow(d["name"], float(d["time_ms"]), int(d["calls"]))
                 for d in profile["dispatches"]]
         shares, other_ms, total_ms = attribute_time(rows, problems)
         if not shares:
             raise InputError(f"{model}: no profiled dispatch has a tunable root op")
-        selected = select_dispatches(shares, options.coverage, options.max_dispatches,
-                                     options.min_share)
-        if not selected:
-            selected = shares[:1]  # every key is below min_share: tune the slowest anyway
-        for share, budget in zip(
-            selected,
-            allocate_budget([s.time_ms for s in selected], options.budget, options.min_per_dispatch),
-            strict=True,
-        ):
-            share.budget = budget
+        selected = _select(shares, tuner.target, options)
         tuner.problems = {s.key: s.problem for s in shares}
         records = tuner.tune_dispatches(selected)
 
         kept: list[tuple[str, int]] = []
         steps: list[ModelStep] = []
         for share in selected:
-            if share.budget == 0:
+            if share.budget == 0 or share.skip_reason:
                 continue
-            finalists = tuner.finalists(records, share.problem)
-            for f in finalists:
-                tuner.candidate_info[(share.key, f["candidate_id"])] = f["compilation_info"]
-            if not finalists:
-                steps.append(ModelStep(share.key, [], None,
-                                       "no candidate beat the default in isolation"))
-                continue
-            step = tuner.model_step(share, finalists, kept)
+            step = _decide(tuner, share, records, kept)
             steps.append(step)
             if step.kept is not None:
                 kept.append((share.key, step.kept))
@@ -101,6 +105,61 @@ def tune_model(
         write_spec_file(tuner._spec_entries(kept), out / "tuning_spec.mlir")
     finally:
         tuner.cleanup()
-    return write_result(out, target, tuner, profile, shares, other_ms, total_ms, steps, kept,
-                        final)
+    return write_result(out, tuner.target, tuner, profile, shares, other_ms, total_ms, steps,
+                        kept, final)
 
+
+def _select(
+    shares: list[DispatchShare], target: Target, options: ModelTuneOptions
+) -> list[DispatchShare]:
+    """The problems to tune with their budgets; every other one gets its `skip_reason`.
+
+    Known limits are checked first, so no budget goes to a problem that cannot be configured.
+    """
+    for share in shares:
+        reason = configurable_reason(share.problem, target)
+        if reason:
+            share.skip_reason = f"cannot be configured: {reason}"
+    configurable = [s for s in shares if not s.skip_reason]
+    selected = select_dispatches(configurable, options.coverage, options.max_dispatches,
+                                 options.min_share)
+    if not selected and configurable:
+        selected = configurable[:1]  # every key is below min_share: tune the slowest anyway
+    for share, budget in zip(
+        selected,
+        allocate_budget([s.time_ms for s in selected], options.budget, options.min_per_dispatch),
+        strict=True,
+    ):
+        share.budget = budget
+        if budget == 0:
+            share.skip_reason = (f"no budget left (--budget {options.budget}, at least "
+                                 f"{options.min_per_dispatch} per problem)")
+    for share in configurable:
+        if share in selected:
+            continue
+        if share.share < options.min_share:
+            share.skip_reason = f"below --min-share {options.min_share:g}"
+        else:
+            share.skip_reason = (f"outside --coverage {options.coverage:g} / "
+                                 f"--max-dispatches {options.max_dispatches}")
+    return selected
+
+
+def _decide(
+    tuner: _ModelTuner, share: DispatchShare, records: list[dict[str, object]],
+    kept: list[tuple[str, int]],
+) -> ModelStep:
+    """The model-level step of one tuned problem; a failure of its own skips it, not the run."""
+    try:
+        finalists = tuner.finalists(records, share.problem)  # type: ignore[arg-type]
+        for f in finalists:
+            tuner.candidate_info[(share.key, f["candidate_id"])] = f["compilation_info"]
+        if not finalists:
+            return ModelStep(share.key, [], None, "no candidate beat the default in isolation")
+        return tuner.model_step(share, finalists, kept)
+    except Exception as exc:  # one problem's failure must not discard the others' work
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        logger.warning("model step of %s failed: %s", share.key, reason)
+        tuner.say(f"{share.key}: model step failed ({reason}); the model keeps its default")
+        share.skip_reason = f"model step failed: {reason}"
+        return ModelStep(share.key, [], None, share.skip_reason)

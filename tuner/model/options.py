@@ -35,6 +35,7 @@ class ModelTuneOptions:
     # binary ranged 3.9-31.8 ms while its CPU time stayed within 2.9-4.0 ms.
     timer: str = "auto"
     function: str = ""  # entry function; default: the only public one (or `main`)
+    inputs: str = ""  # .npz with one array per argument; default: seeded random inputs
     device: str = ""  # default: the target's (local-sync for host)
     verify: bool = True
     seed: int = 0

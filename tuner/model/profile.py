@@ -11,6 +11,7 @@ import numpy as np
 
 from dispatchtune.measure.runner import DispatchRow
 from dispatchtune.problem import Problem
+from dispatchtune.targets import Target
 
 
 @dataclass
@@ -24,6 +25,9 @@ class DispatchShare:
     share: float
     slowest: str  # the dispatch whose dumped benchmark is tuned
     budget: int = 0
+    # Why this problem was not tuned ("" while it may be): an op IREE cannot be given a spec for,
+    # a failed default build, not selected, ... (reported in summary.md with its share).
+    skip_reason: str = ""
 
     @property
     def key(self) -> str:
@@ -74,6 +78,22 @@ def attribute_time(
     for group in shares:
         group.share = group.time_ms / total if total > 0 else 0.0
     return shares, other, total
+
+
+def configurable_reason(problem: Problem, target: Target) -> str:
+    """"" when `problem` has at least one valid configuration on `target`, else why not.
+
+    Checked before any budget is given or anything compiled: enumerating one candidate builds
+    the Z3 model, which refuses known IREE limits (`UnsupportedProblem`) in one line.
+    """
+    from dispatchtune.errors import DispatchTuneError
+    from dispatchtune.search import enumerate_candidates
+
+    try:
+        found = enumerate_candidates(problem, target, limit=1)
+    except DispatchTuneError as exc:
+        return str(exc)
+    return "" if len(found) else "no valid configuration in the search space"
 
 
 def select_dispatches(

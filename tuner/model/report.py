@@ -11,6 +11,7 @@ import numpy as np
 
 from dispatchtune.targets import Target
 from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
+from dispatchtune.tuner.model.steps import NO_CONST_EVAL
 
 if TYPE_CHECKING:
     from dispatchtune.tuner.model.steps import ModelStep, _ModelTuner
@@ -37,6 +38,16 @@ class ModelTuneResult:
     steps: list[ModelStep]
     kept: dict[str, int]
     text: str = ""
+
+    @property
+    def tuned_share(self) -> float:
+        """Share of the model's dispatch time in problems that were tuned (not skipped)."""
+        return sum(s.share for s in self.shares if s.budget and not s.skip_reason)
+
+    @property
+    def skipped(self) -> list[DispatchShare]:
+        """Problems not tuned, slowest first; each has its `skip_reason`."""
+        return [s for s in self.shares if s.skip_reason]
 
 
 
@@ -85,6 +96,16 @@ def _console_lines(result: ModelTuneResult, target: Target) -> list[str]:
             f"  {step.key}: " + (f"kept candidate {step.kept}" if step.kept is not None
                                  else f"default kept ({step.note})")
         )
+    lines.append(f"tuned problems cover {result.tuned_share:.1%} of the model's dispatch time")
+    # Problems left out by the selection knobs are in summary.md; the console names the others.
+    refused = [s for s in result.skipped
+               if not s.skip_reason.startswith(("below --min-share", "outside --coverage"))]
+    by_reason: dict[str, list[DispatchShare]] = {}
+    for share in refused:
+        by_reason.setdefault(share.skip_reason, []).append(share)
+    for reason, group in by_reason.items():
+        names = group[0].key if len(group) == 1 else f"{len(group)} problems"
+        lines.append(f"  not tuned: {names} ({sum(s.share for s in group):.1%}): {reason}")
     lines.append(
         f"spec: {result.spec_path} ({len(result.kept)} configuration(s); pass it with "
         f"{target.tuning_spec_flag}=...)  summary: {result.summary_path}"
@@ -103,6 +124,11 @@ def _summary_lines(
         "",
         f"Model `{profile.get('model')}`, function `@{profile.get('function')}`, device "
         f"`{profile.get('device')}`, IREE {profile.get('iree_version')}.",
+        *(["", f"Lowered from the torch-dialect export `{profile.get('source')}`."]
+          if profile.get("source", profile.get("model")) != profile.get("model") else []),
+        *(["", f"The default build failed, so every build of this run disables constant "
+           f"evaluation (`{NO_CONST_EVAL}`)."]
+          if NO_CONST_EVAL in profile.get("compile_flags", []) else []),
         "",
         "## End to end",
         "",
@@ -140,6 +166,9 @@ def _summary_lines(
         f"{total_ms:.3f} ms of dispatches per call. A spec configures every dispatch of the same "
         "shape, so dispatches are grouped by problem.",
         "",
+        f"Tuned problems cover **{result.tuned_share:.1%}** of it; every problem not tuned is "
+        "listed with its reason under \"Not tuned\".",
+        "",
         "| problem | dispatches | calls | ms | share | budget | best isolated speedup | "
         "model speedup | in spec |",
         "|---|---|---:|---:|---:|---:|---:|---:|---|",
@@ -160,6 +189,13 @@ def _summary_lines(
         )
     lines += [f"| other (no tunable root op) | | | {result.other_ms:.3f} | "
               f"{result.other_ms / total_ms if total_ms else 0:.1%} | | | | |", ""]
+    lines += ["## Not tuned", ""]
+    if result.skipped:
+        lines += ["| problem | share | reason |", "|---|---:|---|"]
+        lines += [f"| `{s.key}` | {s.share:.1%} | {s.skip_reason} |" for s in result.skipped]
+    else:
+        lines.append("Every problem with a tunable root op was tuned.")
+    lines.append("")
     lines += ["## Model-level decisions", ""]
     if not result.steps:
         lines.append("No dispatch was tuned.")

@@ -2,6 +2,12 @@
 
 Every model-level measurement and decision is appended to `model_log.jsonl` as soon as it is
 known, and each step first looks for its record there, so a re-run measures nothing twice.
+
+Compile timeouts follow the measured default builds: a candidate build of the model or of a
+dispatch gets `adaptive_timeout(default build time)` (at least 10 s, 5x the default), so a hung
+compiler costs seconds instead of the configured ceiling. When the model's default build fails,
+it is retried once with constant evaluation disabled (IREE 3.13 crashes in const-eval of BERT's
+byte-pattern weights), and the whole run then uses that flag.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +29,7 @@ import numpy as np
 
 from dispatchtune.datasets.records import read_records
 from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.ir.lowering import scan_input
 from dispatchtune.measure.builder import (
     check_applied,
     compile_module,
@@ -37,6 +45,13 @@ from dispatchtune.tuner.model.entry import find_entry, model_call
 from dispatchtune.tuner.model.log import ModelLog
 from dispatchtune.tuner.model.options import ModelTuneOptions
 from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
+
+NO_CONST_EVAL = "--iree-opt-const-eval=false"
+
+
+def adaptive_timeout(default_build_s: float, ceiling_s: float) -> float:
+    """Compile timeout of a candidate build whose default build took `default_build_s`."""
+    return min(ceiling_s, max(10.0, 5.0 * default_build_s))
 
 
 @dataclass
@@ -66,9 +81,10 @@ class _ModelTuner:
 
     def __init__(
         self, model: Path, target: Target, out: Path, options: ModelTuneOptions,
-        runner: Runner | None = None,
+        runner: Runner | None = None, source: Path | None = None,
     ) -> None:
         self.model = model
+        self.source = source or model  # the file the user gave (torch dialect is lowered first)
         self.target = target
         self.out = out
         self.options = options
@@ -82,8 +98,10 @@ class _ModelTuner:
         self.runner: Runner = runner or LocalRunner()
         self.settings = BenchSettings(options.repetitions, options.min_time_s,
                                       options.benchmark_timeout_s, self.timer)
-        self.model_sha = sha256_file(model)
-        self.call = model_call(self.entry, self.work / "inputs", options.seed)
+        self.model_sha = scan_input(model)[0]  # streamed: a 100 MB model is never held twice
+        self.model_timeout_s = options.compile_timeout_s  # until the default build is timed
+        self.call = model_call(self.entry, self.work / "inputs", options.seed,
+                               Path(options.inputs) if options.inputs else None)
         self.reference: list[np.ndarray] | None = None
         self.verify_note = ""
         self.builds: dict[str, Path] = {}
@@ -125,8 +143,10 @@ class _ModelTuner:
         if kept:
             spec = write_spec_file(self._spec_entries(kept), directory / "spec.mlir")
         vmfb = directory / "model.vmfb"
-        result = compile_module(self.model, self.target, spec, vmfb,
-                                self.options.compile_timeout_s)
+        timeout = self.options.compile_timeout_s if not kept else self.model_timeout_s
+        result = compile_module(self.model, self.target, spec, vmfb, timeout)
+        if not kept and result.ok:
+            self.model_timeout_s = adaptive_timeout(result.elapsed_s, self.options.compile_timeout_s)
         if not result.ok:
             return None, f"model build {result.status}: {result.error}"
         self.builds[name] = vmfb
@@ -191,20 +211,43 @@ class _ModelTuner:
         record = self.log.find("profile")
         if record is not None:
             self.say("reusing the profile in model_log.jsonl")
+            self._use_flags(record)
             return record
         self.say(f"compiling {self.model.name} with the {self.target.name} flags and profiling it")
+        started = time.monotonic()
         vmfb, error = self.build([])
+        if vmfb is None and NO_CONST_EVAL not in self.target.compile_flags:
+            self.say(f"the default build failed ({error}); retrying with {NO_CONST_EVAL}")
+            self.target = replace(self.target,
+                                  compile_flags=(*self.target.compile_flags, NO_CONST_EVAL))
+            started = time.monotonic()
+            vmfb, retry_error = self.build([])
+            if vmfb is None:
+                error = f"{error}; with {NO_CONST_EVAL}: {retry_error}"
+            else:
+                self.say(f"the model compiles with {NO_CONST_EVAL}: every build of this run uses it")
         if vmfb is None:
             raise InputError(f"{self.model}: the compiler-default {error}")
+        build_s = time.monotonic() - started
         profiled = self.benchmark(vmfb, dispatch_statistics=True)
         return self.log.append(
-            "profile", model=str(self.model), model_sha256=self.model_sha, target=self.target.name,
+            "profile", model=str(self.model), source=str(self.source),
+            model_sha256=self.model_sha, target=self.target.name,
             device=self.device, function=self.entry.name, iree_version=iree_compiler_version(),
-            timer=self.timer,
+            timer=self.timer, default_build_s=build_s,
             compile_flags=list(self.target.compile_flags), times_ms=profiled.times_ms,
             dispatches=[{"name": r.name, "time_ms": r.time_ms, "calls": r.calls}
                         for r in profiled.dispatches],
         )
+
+    def _use_flags(self, profile: dict[str, Any]) -> None:
+        """Resume with the flags and build time the profile was made with."""
+        flags = tuple(profile.get("compile_flags", self.target.compile_flags))
+        if flags != self.target.compile_flags:
+            self.target = replace(self.target, compile_flags=flags)
+        if "default_build_s" in profile:
+            self.model_timeout_s = adaptive_timeout(float(profile["default_build_s"]),
+                                                    self.options.compile_timeout_s)
 
     # -- 3. dispatch tuning ----------------------------------------------------------------------
     def tune_dispatches(self, selected: Sequence[DispatchShare]) -> list[dict[str, Any]]:
@@ -223,36 +266,60 @@ class _ModelTuner:
         # dump, strip and re-read their benchmarks to find nothing left to do.
         todo = [s for s in tuned if spent.get(s.key, 0) < s.budget]
         for share in tuned:
-            if share not in todo:
+            failed = self.log.find("dispatch_failed", key=share.key, budget=share.budget)
+            if failed is not None:
+                share.skip_reason = str(failed["reason"])
+                self.say(f"{share.key}: not tuned in an earlier run ({share.skip_reason})")
+            elif share not in todo:
                 self.say(f"{share.key}: {spent[share.key]} benchmarks already in results.jsonl")
+        todo = [s for s in todo if not s.skip_reason]
         if todo:
             dumped = dump_dispatch_benchmarks(self.model, self.target, self.work / "dumped")
             files = {dispatch_index(f.name): f for f in dumped}
         for position, share in enumerate(todo, start=1):
-            source = files.get(dispatch_index(share.slowest))
-            if source is None:
-                raise DispatchTuneError(f"no dumped benchmark for dispatch {share.slowest}")
-            found = load_problems(source, self.target)[0]
-            if found.key != share.key:
-                raise DispatchTuneError(
-                    f"dumped benchmark {source.name} holds {found.key}, not {share.key}"
-                )
             self.say(
                 f"[{position}/{len(todo)}] tuning {share.key} ({share.share:.0%} of the model, "
                 f"{len(share.dispatches)} dispatch(es)) with {share.budget} benchmarks"
             )
-            options = replace(self.options.dispatch, budget=share.budget,
-                              confirm_top=self.options.top, seed=self.options.seed,
-                              progress=self.options.progress)
-            tune(source, self.target, dispatch_dir, options)
+            try:
+                source = files.get(dispatch_index(share.slowest))
+                if source is None:
+                    raise DispatchTuneError(f"no dumped benchmark for dispatch {share.slowest}")
+                found = load_problems(source, self.target)[0]
+                if found.key != share.key:
+                    raise DispatchTuneError(
+                        f"dumped benchmark {source.name} holds {found.key}, not {share.key}"
+                    )
+                timeout = self._dispatch_timeout(source)
+                options = replace(self.options.dispatch, budget=share.budget,
+                                  confirm_top=self.options.top, seed=self.options.seed,
+                                  progress=self.options.progress, compile_timeout_s=timeout)
+                tune(source, self.target, dispatch_dir, options)
+            except Exception as exc:  # one dispatch's failure must not discard the others' work
+                reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                share.skip_reason = f"dispatch tuning failed: {reason}"
+                self.say(f"{share.key}: {share.skip_reason}; tuning the others")
+                self.log.append("dispatch_failed", key=share.key, budget=share.budget,
+                                reason=share.skip_reason)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt lines were reported by the loop
             records = list(read_records(results))
         if todo:
-            self._write_dispatch_report(records, [s.problem for s in tuned])
+            self._write_dispatch_report(records, [s.problem for s in tuned if not s.skip_reason])
             if not self.options.keep_binaries:
                 shutil.rmtree(self.work / "dumped", ignore_errors=True)
         return records
+
+    def _dispatch_timeout(self, benchmark: Path) -> float:
+        """Candidate compile timeout of a dispatch: adapted to its default build, timed here."""
+        ceiling = self.options.compile_timeout_s
+        probe = self.work / "dumped" / f"{benchmark.stem}.default.vmfb"
+        result = compile_module(benchmark, self.target, None, probe, 300.0,
+                                with_target_flags=False)
+        probe.unlink(missing_ok=True)
+        if not result.ok:
+            return ceiling  # the loop's own default build reports the failure
+        return adaptive_timeout(result.elapsed_s, ceiling)
 
     def _write_dispatch_report(self, records: list[dict[str, Any]], problems: list[Problem]) -> None:
         """`dispatches/summary.md` over every tuned key (each loop call wrote only its own)."""
@@ -326,7 +393,8 @@ class _ModelTuner:
             applied, error = check_applied(self.model, self.target, vmfb.with_name("spec.mlir"),
                                            finalist["compilation_info"])
             if applied == "error":
-                raise DispatchTuneError(error)
+                entry.update(status="error", error=error)
+                continue
             if applied != "ok":
                 entry.update(status="not_applied", error="the config did not apply in the model")
                 continue
@@ -360,7 +428,12 @@ class _ModelTuner:
                         f"{len(best['ratios'])} rounds): not above {self.options.min_model_speedup}")
         else:
             base_times = []
-            note = "no candidate could be measured in the model"
+            counts: dict[str, int] = {}
+            for t in tried:
+                counts[t["status"]] = counts.get(t["status"], 0) + 1
+            # e.g. "not_applied: 2": IREE dropped the spec in the model (said once, with the count)
+            note = "no candidate could be measured in the model (" + ", ".join(
+                f"{status}: {n}" for status, n in sorted(counts.items())) + ")"
         self.log.append("step", key=share.key, base=base, candidates=ids, timer=self.timer,
                         rounds=self.options.model_rounds, tried=tried,
                         kept=kept_id, note=note, base_times_ms=base_times)
