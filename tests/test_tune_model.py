@@ -279,7 +279,7 @@ def test_one_failing_dispatch_is_reported_and_the_others_are_tuned(tmp_path: Pat
     records = tuner.tune_dispatches(shares)
     assert shares[0].skip_reason.startswith("dispatch tuning failed: ")
     assert "no dumped benchmark" in shares[0].skip_reason and not shares[1].skip_reason
-    assert {r["problem_key"] for r in records} == {good.key}
+    assert {r.problem_key for r in records} == {good.key}
     failed = [r for r in _log(tmp_path) if r["kind"] == "dispatch_failed"]
     assert [r["key"] for r in failed] == [broken.key]
     again = [replace(s, skip_reason="") for s in shares]

@@ -25,7 +25,7 @@ from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 
-#: Records as the loop reads them back, or as dicts (readers still on `read_records`).
+#: Records as the loop reads them back (`read_results`), or their dict form (`read_records`).
 Records = Iterable[ResultRecord | Mapping[str, Any]]
 
 

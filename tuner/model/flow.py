@@ -38,6 +38,7 @@ import logging
 import os
 from pathlib import Path
 
+from dispatchtune.datasets.records import ResultRecord
 from dispatchtune.errors import InputError
 from dispatchtune.measure.builder import write_spec_file
 from dispatchtune.measure.runner import DispatchRow
@@ -146,12 +147,12 @@ def _select(
 
 
 def _decide(
-    tuner: _ModelTuner, share: DispatchShare, records: list[dict[str, object]],
+    tuner: _ModelTuner, share: DispatchShare, records: list[ResultRecord],
     kept: list[tuple[str, int]],
 ) -> ModelStep:
     """The model-level step of one tuned problem; a failure of its own skips it, not the run."""
     try:
-        finalists = tuner.finalists(records, share.problem)  # type: ignore[arg-type]
+        finalists = tuner.finalists(records, share.problem)
         for f in finalists:
             tuner.candidate_info[(share.key, f["candidate_id"])] = f["compilation_info"]
         if not finalists:

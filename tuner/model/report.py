@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from dispatchtune.datasets.timing import speedup
 from dispatchtune.targets import Target
 from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
 from dispatchtune.tuner.model.steps import NO_CONST_EVAL
@@ -62,7 +63,7 @@ def write_result(
 ) -> ModelTuneResult:
     default = _per_round(final["default_times_ms"])
     tuned = _per_round(final["tuned_times_ms"])
-    ratios = default / tuned
+    ratios = speedup(default, tuned)
     result = ModelTuneResult(
         output_dir=out, spec_path=out / "tuning_spec.mlir", summary_path=out / "summary.md",
         plot_path=None, results_path=out / "dispatches" / "results.jsonl",

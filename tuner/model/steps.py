@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from dispatchtune.datasets.records import read_records
+from dispatchtune.datasets.records import ResultRecord, read_results
+from dispatchtune.datasets.timing import speedup
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.ir.lowering import scan_input
 from dispatchtune.measure.builder import (
@@ -64,15 +65,12 @@ class ModelStep:
     note: str = ""
 
 
-def benchmarked_per_key(records: Sequence[dict[str, Any]], target: Target) -> dict[str, int]:
+def benchmarked_per_key(records: Sequence[ResultRecord], target: Target) -> dict[str, int]:
     """Candidates that used up budget per problem key (as the loop counts them)."""
     counts: dict[str, int] = {}
     for r in records:
-        if r.get("kind") == "candidate" and r.get("target") == target.name and r.get(
-            "bench_status"
-        ) != "skipped":
-            key = str(r.get("problem_key"))
-            counts[key] = counts.get(key, 0) + 1
+        if r.is_candidate and r.target == target.name and r.bench_status != "skipped":
+            counts[r.problem_key] = counts.get(r.problem_key, 0) + 1
     return counts
 
 
@@ -250,7 +248,7 @@ class _ModelTuner:
                                                     self.options.compile_timeout_s)
 
     # -- 3. dispatch tuning ----------------------------------------------------------------------
-    def tune_dispatches(self, selected: Sequence[DispatchShare]) -> list[dict[str, Any]]:
+    def tune_dispatches(self, selected: Sequence[DispatchShare]) -> list[ResultRecord]:
         """Run the dispatch loop on each selected key with its budget; return every record."""
         from dispatchtune.ir.frontend import load_problems
         from dispatchtune.measure.benchfile import dump_dispatch_benchmarks
@@ -260,7 +258,7 @@ class _ModelTuner:
         results = dispatch_dir / "results.jsonl"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the loop reports corrupt lines when it resumes
-            spent = benchmarked_per_key(list(read_records(results)), self.target)
+            spent = benchmarked_per_key(list(read_results(results)), self.target)
         tuned = [s for s in selected if s.budget > 0]
         # Keys whose budget is already spent are not handed to the loop again: it would only
         # dump, strip and re-read their benchmarks to find nothing left to do.
@@ -303,7 +301,7 @@ class _ModelTuner:
                                 reason=share.skip_reason)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # corrupt lines were reported by the loop
-            records = list(read_records(results))
+            records = list(read_results(results))
         if todo:
             self._write_dispatch_report(records, [s.problem for s in tuned if not s.skip_reason])
             if not self.options.keep_binaries:
@@ -321,14 +319,14 @@ class _ModelTuner:
             return ceiling  # the loop's own default build reports the failure
         return adaptive_timeout(result.elapsed_s, ceiling)
 
-    def _write_dispatch_report(self, records: list[dict[str, Any]], problems: list[Problem]) -> None:
+    def _write_dispatch_report(self, records: list[ResultRecord], problems: list[Problem]) -> None:
         """`dispatches/summary.md` over every tuned key (each loop call wrote only its own)."""
         from dispatchtune.tuner.report import write_outputs
 
         write_outputs(records, problems, self.target, self.out / "dispatches",
                       self.options.dispatch)
 
-    def finalists(self, records: list[dict[str, Any]], problem: Problem) -> list[dict[str, Any]]:
+    def finalists(self, records: Sequence[ResultRecord], problem: Problem) -> list[dict[str, Any]]:
         """A key's best candidates by dispatch speedup (confirmed first), faster than the default."""
         from dispatchtune.tuner.report import summarize, usable_candidates
 
@@ -413,7 +411,7 @@ class _ModelTuner:
             times = self.measure([current, *(v for _, v in builds)], self.options.model_rounds,
                                  f"model {share.key}")
             for index, (entry, _) in enumerate(builds, start=1):
-                ratios = [min(r[0]) / min(r[index]) for r in times]
+                ratios = [speedup(min(r[0]), min(r[index])) for r in times]
                 entry.update(model_speedup=float(np.median(ratios)), ratios=ratios,
                              times_ms=[r[index] for r in times])
             base_times = [r[0] for r in times]
