@@ -310,7 +310,9 @@ class OnlineStudy:
 
     def _expire(self) -> None:
         """Fail every trial whose lease ran out, whichever worker holds it."""
-        optuna.storages.fail_stale_trials(self.study)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
         # A worker killed between creating its trial and its first heartbeat leaves a trial that
         # no heartbeat will ever mark stale; its start time (the worker's clock) ends it instead.
         too_old = datetime.now() - timedelta(seconds=2 * self.lease_s)
