@@ -7,9 +7,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, InputError
 
 IREE_VERSION = "3.13.0"
 
@@ -80,17 +81,50 @@ def mlir_error_line(exc: Exception) -> str:
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "parse error")
 
 
+def path_arg(path: str | os.PathLike[str]) -> str:
+    """A file operand for a tool's command line: absolute, so it can never be read as an option.
+
+    `str(Path("./-o=x"))` is `-o=x`, which every IREE tool takes for "write the output to x".
+    """
+    return str(Path(path).absolute())
+
+
+def _checked_args(name: str, args: Sequence[str | os.PathLike[str]]) -> list[str]:
+    """`args` as strings: paths made absolute, option-looking names of existing files refused.
+
+    A string that starts with '-' and also names a file here is ambiguous: the tool would take it as
+    an option (`-o=victim.txt` overwrites victim.txt). Callers pass paths as `Path` objects or
+    through `path_arg`; this refusal is the defence in depth for those that do not.
+    """
+    checked = []
+    for arg in args:
+        if isinstance(arg, os.PathLike):
+            checked.append(path_arg(arg))
+            continue
+        if len(arg) > 1 and arg.startswith("-") and os.path.lexists(arg):
+            raise InputError(
+                f"refusing to pass file name {arg!r} to {name}: it starts with '-', so {name} would "
+                "read it as an option; give it as an absolute path"
+            )
+        checked.append(arg)
+    return checked
+
+
 def run_tool(
     name: str,
-    args: list[str],
+    args: Sequence[str | os.PathLike[str]],
     *,
     input_text: str | None = None,
     timeout: float | None = 120.0,
 ) -> subprocess.CompletedProcess[str]:
-    """Run an IREE tool and return the completed process (the caller checks the return code)."""
+    """Run an IREE tool and return the completed process (the caller checks the return code).
+
+    Path objects in `args` are passed as absolute paths (`path_arg`).
+    """
+    command = [tool_path(name), *_checked_args(name, args)]
     try:
         return subprocess.run(
-            [tool_path(name), *args],
+            command,
             input=input_text,
             capture_output=True,
             text=True,
@@ -101,7 +135,9 @@ def run_tool(
         raise DispatchTuneError(f"{name} timed out after {timeout:.0f} s") from exc
 
 
-def compile_to_text(args: list[str], *, input_text: str | None = None, what: str = "input") -> str:
+def compile_to_text(
+    args: Sequence[str | os.PathLike[str]], *, input_text: str | None = None, what: str = "input"
+) -> str:
     """Run `iree-compile ... -o -` and return stdout; raise a one-line error on failure."""
     proc = run_tool("iree-compile", [*args, "-o", "-"], input_text=input_text)
     if proc.returncode != 0:

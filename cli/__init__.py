@@ -2,12 +2,14 @@
 
 Each command module has `register(subparsers)` and a `run(args)` handler; shared option groups are
 in `options.py`. Every user-facing error, from argparse or from the library (`DispatchTuneError`),
-is one line on stderr and exit status 2, never a traceback.
+is one line on stderr and exit status 2, never a traceback; an I/O failure during the run (disk
+full, a file removed or made read-only under the run) is one line naming the path and exit status 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -44,8 +46,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def os_error_of(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc`: itself, or one it was raised from (libraries wrap them)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, OSError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def describe_os_error(error: OSError, args: argparse.Namespace) -> str:
+    """One line: the path and the system's reason (`No space left on device`)."""
+    reason = error.strerror or str(error) or type(error).__name__
+    if error.filename is not None:
+        return f"{error.filename}: {reason}"
+    # Writes to an open file carry no name: the output location is the best pointer there is.
+    where = getattr(args, "output_dir", None) or getattr(args, "output", None)
+    return f"{reason} (writing to {where})" if where is not None else reason
+
+
 def run_handler(handler: Handler, args: argparse.Namespace, prog: str = "dispatchtune") -> int:
-    """Run a command handler, turning user-facing errors into one stderr line and exit code 2."""
+    """Run a command handler, turning every expected failure into one stderr line.
+
+    Exit status 2 for bad input (`DispatchTuneError`, checked before work starts), 1 for an I/O
+    failure during the run, 130 for Ctrl-C; a closed stdout pipe ends the command quietly.
+    """
     try:
         return handler(args)
     except DispatchTuneError as exc:
@@ -54,6 +82,17 @@ def run_handler(handler: Handler, args: argparse.Namespace, prog: str = "dispatc
     except KeyboardInterrupt:
         print(f"{prog}: interrupted (results so far are saved)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `dispatchtune rank ... | head`: the reader is gone; nothing left to say to it.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
+    except Exception as exc:
+        error = os_error_of(exc)
+        if error is None:
+            raise
+        print(f"{prog}: error: {describe_os_error(error, args)}", file=sys.stderr)
+        return 1
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | None:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from dispatchtune.cli.options import AT_LEAST_0, add_number, add_target
+from dispatchtune.cli.options import AT_LEAST_0, absolute_path, add_number, add_target, shown
 from dispatchtune.errors import DispatchTuneError, InputError
 
 _SUMMARY = ("pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups")
@@ -23,7 +23,8 @@ def register(subparsers: Any) -> None:
             "with rank, pipeline, knobs and compilation_info."
         ),
     )
-    parser.add_argument("file", help="MLIR input (model, function or dumped dispatch benchmark)")
+    parser.add_argument("file", type=absolute_path,
+                        help="MLIR input (model, function or dumped dispatch benchmark)")
     add_target(parser, required=True)
     parser.add_argument("--pipeline", default=None, help="restrict to one pipeline")
     add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=None,
@@ -42,11 +43,11 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target)
     problems = load_problems(args.file, target)
     if not problems:
-        raise InputError(f"{args.file}: no tunable root op found")
+        raise InputError(f"{shown(args.file)}: no tunable root op found")
     if args.op_index is None:
         if len(problems) > 1:
             raise InputError(
-                f"{args.file} has {len(problems)} root ops; choose one with --op-index "
+                f"{shown(args.file)} has {len(problems)} root ops; choose one with --op-index "
                 f"0..{len(problems) - 1}"
             )
         problem = problems[0]

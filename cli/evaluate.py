@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from typing import Any
 
-from dispatchtune.cli.options import AT_LEAST_1, FRACTION, add_number
+from dispatchtune.cli.options import (
+    AT_LEAST_1,
+    FRACTION,
+    absolute_path,
+    add_number,
+    output_dir,
+    path_or_dataset,
+)
 from dispatchtune.errors import InputError
 
 
@@ -21,13 +27,13 @@ def register(subparsers: Any) -> None:
         "candidate within --threshold of the best; learned models are trained without the space "
         "they are scored on. Writes report.md, results.csv, runs.csv and best_so_far.png.",
     )
-    parser.add_argument("--dataset", nargs="+", required=True, metavar="PATH",
+    parser.add_argument("--dataset", nargs="+", required=True, metavar="PATH", type=path_or_dataset,
                         help="Kernel Tuner caches (.json/.json.gz), results.jsonl(.gz) files or dirs, "
                              "shipped:cpu_host (the shipped CPU dataset)")
     parser.add_argument("--orders", default="random,heuristic,gbm,online",
                         help="comma-separated: random,heuristic,rf,gbm,lambdarank,online,tpe "
                         "(default %(default)s)")
-    parser.add_argument("--output-dir", "-o", type=Path, required=True)
+    parser.add_argument("--output-dir", "-o", type=absolute_path, required=True)
     add_number(parser, "--threshold", kind=float, valid=FRACTION, default=0.05,
                help="near-optimal: within this fraction of the best (default %(default)s)")
     add_number(parser, "--seeds", kind=int, valid=AT_LEAST_1, default=20,
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     orders = [o.strip() for o in str(args.orders).split(",") if o.strip()]
     if not orders:
         raise InputError("--orders is empty")
+    output_dir(args.output_dir, "--output-dir", ("report.md", "results.csv", "runs.csv", "best_so_far.png"))
     rows = replay_rows(args.dataset, orders, range(args.seeds), args.threshold,
                        args.max_benchmarks, args.split, progress=not args.no_progress)
     command = "dispatchtune " + " ".join(shlex.quote(a) for a in sys.argv[1:])

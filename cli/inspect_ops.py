@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from dispatchtune.cli.options import add_target
+from dispatchtune.cli.options import absolute_path, add_target
 from dispatchtune.problem import DIM_CLASSES, Problem
 from dispatchtune.targets import get_target
 
@@ -18,7 +18,8 @@ def register(subparsers: Any) -> None:
         description="Print every tunable root op (contraction, convolution, attention) found in a "
         "dumped dispatch benchmark or a model/function MLIR file.",
     )
-    parser.add_argument("file", help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
+    parser.add_argument("file", type=absolute_path,
+                        help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
     add_target(parser)
     parser.add_argument("--json", action="store_true", help="one JSON object per root op")
     parser.set_defaults(handler=run)

@@ -1,14 +1,19 @@
 """Option groups shared by several commands, each written once.
 
 Defaults of the tuning flags are read from `TuneOptions` / `ModelTuneOptions`, so the CLI and the
-Python API cannot disagree. Every numeric flag checks its range while parsing (`add_number`), and
-every parse error is one line (`OneLineParser`), exit status 2.
+Python API cannot disagree. Every numeric flag checks its range while parsing (`add_number`), every
+path is made absolute while parsing (`absolute_path`: no file name can reach a tool as an option),
+output locations are checked before any work starts (`output_dir`, `output_file`), and every parse
+error is one line (`OneLineParser`), exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +91,109 @@ def add_number(parser: argparse.ArgumentParser, *flags: str, kind: type[int] | t
     parser.add_argument(*flags, type=kind, action=_InRange, valid=valid, **kwargs)
 
 
+# ---- paths -------------------------------------------------------------------------------------
+def absolute_path(text: str) -> Path:
+    """argparse type of every file and directory argument: the path made absolute.
+
+    `Path("./-o=x")` prints as `-o=x`, which IREE's tools read as "write to x"; an absolute path
+    can only be a file (issue #18).
+    """
+    if not text:
+        raise argparse.ArgumentTypeError("empty path")
+    return Path(text).absolute()
+
+
+def path_or_dataset(text: str) -> str:
+    """A path made absolute, or a `shipped:NAME` dataset kept as it is."""
+    from dispatchtune.datasets.shipped import PREFIX
+
+    return text if text.startswith(PREFIX) else str(absolute_path(text))
+
+
+def shown(path: Path) -> str:
+    """A path as the user typed it, for messages: relative to the working directory when inside it."""
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path.cwd()))
+    return str(path)
+
+
+def _probe_writable(directory: Path, what: str) -> None:
+    """Create, fill and delete a small file in `directory`: a read-only, full or missing location
+    fails here, before any work, instead of after it."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".dispatchtune-probe-") as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise InputError(f"{what} {directory} is not writable: {exc.strerror or exc}") from None
+
+
+def output_dir(path: Path, flag: str, files: Sequence[str] = ()) -> Path:
+    """Create the output directory `path` if needed and check that the run can write there.
+
+    `files` are the names (relative to `path`) the command writes; one that is a directory is
+    refused now rather than failing after the work.
+    """
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{flag} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create {flag} {path}: {exc.strerror or exc}") from None
+    for name in files:
+        if (path / name).is_dir():
+            raise InputError(f"{path / name} is a directory; the run writes a file there")
+    _probe_writable(path, flag)
+    return path
+
+
+def output_file(path: Path, flag: str, companions: Sequence[Path] = ()) -> Path:
+    """Check, before the work, that the file `path` (and `companions` beside it) can be written."""
+    for target in (path, *companions):
+        if target.is_dir():
+            raise InputError(f"{flag} {target} is a directory; give a file path such as model.json")
+    if path.parent.exists() and not path.parent.is_dir():
+        raise InputError(f"{flag} {path}: {path.parent} is a file, not a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the directory of {flag} {path}: {exc.strerror or exc}") from None
+    _probe_writable(path.parent, f"the directory of {flag}")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError(f"{flag} {path} is not writable")
+    return path
+
+
+# ---- study storage -----------------------------------------------------------------------------
+#: The PostgreSQL driver the `postgres` extra installs (psycopg 3) and its SQLAlchemy dialect name.
+POSTGRES_DRIVER = "postgresql+psycopg"
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def storage_url(url: str, order: str) -> str:
+    """The `--storage` URL to open: checked against the order and the installed driver.
+
+    `postgresql://` and `postgres://` mean psycopg 3 (the `postgres` extra) whatever SQLAlchemy's
+    default driver for them is (psycopg2 before 2.1), so one URL works on every host.
+    """
+    if order != "online":
+        raise InputError(f"--storage holds the online search's study; it needs --order online, "
+                         f"not --order {order}")
+    if not url.strip():
+        raise InputError("--storage is empty")
+    for scheme in _POSTGRES_SCHEMES:
+        if url.startswith(scheme):
+            url = f"{POSTGRES_DRIVER}://{url[len(scheme):]}"
+    if url.startswith(f"{POSTGRES_DRIVER}://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            raise InputError("--storage postgresql://... needs the PostgreSQL driver psycopg 3: "
+                             "pip install 'dispatchtune[postgres]'")
+    return url
+
+
 # ---- groups ------------------------------------------------------------------------------------
 def add_target(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
     """`--target NAME` (default host unless `required`)."""
@@ -115,12 +223,12 @@ def add_cost_model(parser: argparse.ArgumentParser, orders: Sequence[str], order
     """`--order` and `--cost-model FILE` (a model file implies `--order model`)."""
     parser.add_argument("--order", choices=tuple(orders), default="heuristic", help=order_help)
     parser.add_argument(
-        "--cost-model", type=Path, metavar="FILE", dest="cost_model",
+        "--cost-model", type=absolute_path, metavar="FILE", dest="cost_model",
         help="learned cost-model file (from train-costmodel) for --order model/online; "
         "alone it implies --order model (default: the target's installed model)",
     )
     # Kept so that older command lines still run; hidden from --help.
-    parser.add_argument("--model", type=Path, dest="cost_model", action=_DeprecatedModelFlag,
+    parser.add_argument("--model", type=absolute_path, dest="cost_model", action=_DeprecatedModelFlag,
                         help=argparse.SUPPRESS)
 
 
@@ -143,7 +251,7 @@ def add_tuning_common(parser: argparse.ArgumentParser, defaults: TuneOptions | M
     """
     add_number(parser, "--budget", kind=int, valid=AT_LEAST_1, default=defaults.budget,
                help=f"{budget_help} (default %(default)s)")
-    parser.add_argument("--output-dir", "-o", type=Path, required=True,
+    parser.add_argument("--output-dir", "-o", type=absolute_path, required=True,
                         help="output directory (re-running with it resumes)")
     add_cost_model(
         parser, TUNE_ORDERS,

@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
 
-from dispatchtune.cli.options import AT_LEAST_0, add_cost_model, add_number, add_seed, add_target, order_of
+from dispatchtune.cli.options import (
+    AT_LEAST_0,
+    absolute_path,
+    add_cost_model,
+    add_number,
+    add_seed,
+    add_target,
+    order_of,
+    output_file,
+)
 from dispatchtune.costmodel.rank import ORDERS
 
 # Columns worth showing in the terminal; the CSV keeps every column.
@@ -25,13 +33,14 @@ def register(subparsers: Any) -> None:
         "order: the handwritten heuristic (docs/heuristic.md), a learned cost model (the target's "
         "installed default or --cost-model FILE) or the seeded random baseline.",
     )
-    parser.add_argument("file", help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
+    parser.add_argument("file", type=absolute_path,
+                        help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
     add_target(parser)
     add_cost_model(parser, ORDERS, "heuristic (default), model (learned) or random")
     add_seed(parser, 0, "seed of the random order and of tie-breaks (default %(default)s)")
     add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=10,
                help="rows shown per op (default %(default)s)")
-    parser.add_argument("--csv", type=Path, help="write the full ranked tables here (all ops)")
+    parser.add_argument("--csv", type=absolute_path, help="write the full ranked tables here (all ops)")
     parser.set_defaults(handler=run)
 
 
@@ -43,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from dispatchtune.search import enumerate_candidates
     from dispatchtune.targets import get_target
 
+    if args.csv is not None:
+        output_file(args.csv, "--csv")
     target = get_target(args.target)
     order = order_of(args)
     model = None

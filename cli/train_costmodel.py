@@ -7,15 +7,31 @@ the report and writes the model file, its report and plot.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from dispatchtune.cli.options import AT_LEAST_1, FRACTION, OneLineParser, Range, add_number, add_seed
+from dispatchtune.cli.options import (
+    AT_LEAST_1,
+    FRACTION,
+    OneLineParser,
+    Range,
+    absolute_path,
+    add_number,
+    add_seed,
+    output_file,
+    path_or_dataset,
+)
 from dispatchtune.costmodel.learned import MODELS
-from dispatchtune.errors import InputError
+from dispatchtune.errors import DispatchTuneError
+
+if TYPE_CHECKING:
+    from dispatchtune.costmodel.learned import LearnedModel
 
 PROG = "train-costmodel"
 
@@ -26,14 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a learned cost model on measured spaces, cross-validate it with whole "
         "problems held out, and save it (safe JSON model file) with a report.",
     )
-    parser.add_argument("inputs", nargs="+", metavar="LOGS_OR_DATASETS",
+    parser.add_argument("inputs", nargs="+", metavar="LOGS_OR_DATASETS", type=path_or_dataset,
                         help="results.jsonl(.gz) files, tune output dirs (or dirs of them), "
                         "Kernel Tuner caches (.json/.json.gz), shipped:cpu_host (the shipped CPU "
                         "dataset)")
     # The model *kind*; the file written is --output.
     parser.add_argument("--model", dest="model_kind", metavar="KIND", choices=tuple(MODELS),
                         default="gbm", help=f"one of {', '.join(MODELS)} (default %(default)s)")
-    parser.add_argument("--output", "-o", type=Path, required=True,
+    parser.add_argument("--output", "-o", type=absolute_path, required=True,
                         help="cost-model file to write (JSON); the report goes next to it")
     # 0 (the default) is leave one problem out; one group would hold every problem out at once.
     add_number(parser, "--folds", kind=int, valid=Range(2), default=0,
@@ -51,11 +67,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _save_or_rescue(model: LearnedModel, output: Path, metadata: dict[str, Any]) -> None:
+    """Save the trained model to `output`; if that fails now (disk full, permissions changed
+    during training), save it in the temporary directory and say where, so the training is not lost."""
+    from dispatchtune.costmodel.modelfile import save_model
+
+    try:
+        save_model(model, output, metadata)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        fd, rescue = tempfile.mkstemp(prefix=f"{output.stem}-", suffix=".json")
+        os.close(fd)
+        try:
+            save_model(model, rescue, metadata)
+        except OSError:
+            Path(rescue).unlink(missing_ok=True)
+            raise DispatchTuneError(f"cannot write --output {output}: {reason}; the model is lost") from None
+        raise DispatchTuneError(f"cannot write --output {output}: {reason}; the model was saved to "
+                                f"{rescue} instead") from None
+
+
 def run(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from dispatchtune.costmodel.learned import labels_from_times, make_model
-    from dispatchtune.costmodel.modelfile import save_model
     from dispatchtune.costmodel.train import (
         cross_validate,
         load_training_data,
@@ -66,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     )
 
     output: Path = args.output
-    if output.is_dir():
-        raise InputError(f"--output {output} is a directory; give a file path such as model.json")
+    # Checked before training: an unwritable output would otherwise lose minutes of work.
+    output_file(output, "--output", report_paths(output))
     progress = sys.stderr.isatty()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -105,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         "time_estimator": args.time,
         "command": command,
     }
-    save_model(model, output, metadata)
+    _save_or_rescue(model, output, metadata)
     size = output.stat().st_size
     importances = model.feature_importances()
     text = report_markdown(args.model_kind, data, cv, summary, importances, train_seconds, size,

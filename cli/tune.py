@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from dispatchtune.cli.options import (
@@ -11,14 +10,21 @@ from dispatchtune.cli.options import (
     AT_LEAST_1,
     POSITIVE,
     TUNE_DEFAULTS,
+    absolute_path,
     add_number,
     add_target,
     add_tuning_common,
     order_of,
+    output_dir,
     progress_of,
+    shown,
+    storage_url,
 )
 from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import InputError
+
+#: What a run writes in its output directory (checked to be writable files before it starts).
+OUTPUT_FILES = ("results.jsonl", "tuning_spec.mlir", "summary.md", "progress.png")
 
 
 def register(subparsers: Any) -> None:
@@ -33,13 +39,15 @@ def register(subparsers: Any) -> None:
         ),
     )
     defaults = TUNE_DEFAULTS
-    parser.add_argument("file", type=Path, help="model/function .mlir or *_benchmark.mlir")
+    parser.add_argument("file", type=absolute_path, help="model/function .mlir or *_benchmark.mlir")
     add_target(parser)
     add_tuning_common(parser, defaults, "candidates to benchmark per dispatch")
     parser.add_argument(
         "--storage", metavar="URL",
-        help="Optuna storage of the online search (default: sqlite study.db in the output dir); "
-        "workers given the same URL share one study and never measure a candidate twice",
+        help="Optuna storage of the online search (--order online only; default: sqlite study.db "
+        "in the output dir); workers given the same URL share one study and never measure a "
+        "candidate twice. postgresql://user@host/db needs the postgres extra "
+        "(pip install 'dispatchtune[postgres]')",
     )
     add_number(parser, "--time-limit", kind=float, valid=AT_LEAST_0, default=defaults.time_limit_s,
                metavar="S", help="online search: stop a dispatch after S seconds (default %(default)s: "
@@ -94,12 +102,15 @@ def run(args: argparse.Namespace) -> int:
     from dispatchtune.tuner.loop import TuneOptions, tune
 
     if not args.file.exists():
-        raise InputError(f"no such file: {args.file}")
+        raise InputError(f"no such file: {shown(args.file)}")
+    order = order_of(args)
+    storage = None if args.storage is None else storage_url(args.storage, order)
+    output_dir(args.output_dir, "--output-dir", OUTPUT_FILES)
     options = TuneOptions(
         budget=args.budget,
-        order=order_of(args),
+        order=order,
         model_path=None if args.cost_model is None else str(args.cost_model),
-        storage=args.storage,
+        storage=storage,
         time_limit_s=args.time_limit,
         stop_patience=args.stop_patience,
         stop_margin=args.stop_margin,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from dispatchtune.cli.options import (
@@ -12,15 +11,21 @@ from dispatchtune.cli.options import (
     POSITIVE,
     SHARE,
     Range,
+    absolute_path,
     add_number,
     add_target,
     add_tuning_common,
     order_of,
+    output_dir,
     progress_of,
+    shown,
 )
 from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import InputError
 from dispatchtune.tuner.model.options import TIMERS
+
+#: What a run writes in its output directory (checked to be writable files before it starts).
+OUTPUT_FILES = ("dispatches/results.jsonl", "tuning_spec.mlir", "summary.md", "model_tuning.png")
 
 
 def register(subparsers: Any) -> None:
@@ -38,7 +43,7 @@ def register(subparsers: Any) -> None:
     )
     defaults = MODEL_TUNE_DEFAULTS
     # Its own dest: `model` would collide with the cost-model file (issue #17).
-    parser.add_argument("model_mlir", type=Path, metavar="MODEL",
+    parser.add_argument("model_mlir", type=absolute_path, metavar="MODEL",
                         help="model .mlir (func.func/util.func with linalg ops)")
     add_target(parser)
     add_tuning_common(parser, defaults,
@@ -77,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     from dispatchtune.tuner.model import ModelTuneOptions, tune_model
 
     if not args.model_mlir.is_file():
-        raise InputError(f"no such file: {args.model_mlir}")
+        raise InputError(f"no such file: {shown(args.model_mlir)}")
+    output_dir(args.output_dir, "--output-dir", OUTPUT_FILES)
     progress = progress_of(args)
     options = ModelTuneOptions(
         budget=args.budget,

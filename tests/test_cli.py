@@ -181,9 +181,10 @@ def test_bad_input_is_one_stderr_line_and_exit_2(argv: list[str], message: str, 
 # ---- parsing ------------------------------------------------------------------------------------
 def test_tune_model_keeps_the_mlir_model_and_the_cost_model_apart() -> None:
     args = build_parser().parse_args(["tune-model", "m.mlir", "--cost-model", "c.json", "-o", "o"])
-    assert (str(args.model_mlir), str(args.cost_model)) == ("m.mlir", "c.json")
+    # Paths are made absolute while parsing (issue #18: no file name can become a tool option).
+    assert (args.model_mlir, args.cost_model) == (Path("m.mlir").absolute(), Path("c.json").absolute())
     args = build_parser().parse_args(["tune-model", "m.mlir", "-o", "o"])
-    assert str(args.model_mlir) == "m.mlir" and args.cost_model is None
+    assert args.model_mlir == Path("m.mlir").absolute() and args.cost_model is None
 
 
 def test_deprecated_model_flag_is_the_cost_model(capsys: pytest.CaptureFixture[str]) -> None:
@@ -191,7 +192,7 @@ def test_deprecated_model_flag_is_the_cost_model(capsys: pytest.CaptureFixture[s
         args = build_parser().parse_args([command_name, "m.mlir", "--model", "c.json", "-o", "o"]
                                          if command_name != "rank" else
                                          [command_name, "m.mlir", "--model", "c.json"])
-        assert str(args.cost_model) == "c.json"
+        assert args.cost_model == Path("c.json").absolute()
         assert "--cost-model" in capsys.readouterr().err
     assert train_parser().parse_args(["x", "--model", "rf", "-o", "m.json"]).model_kind == "rf"
 
