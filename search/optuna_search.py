@@ -532,5 +532,7 @@ class OnlineStudy:
             for number in list(self.open):
                 self.release(number)
         except StorageLost as exc:
-            logger.warning("%s", exc)
+            # The run is ending on this very error (reported once, by the caller); the open
+            # claims expire with their leases.
+            logger.debug("%s", exc)
         self._beat.join(timeout=1)

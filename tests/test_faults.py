@@ -159,8 +159,9 @@ def test_an_output_directory_is_locked_to_one_worker(tmp_path: Path) -> None:
 
 
 # ---- a database that never answers ----------------------------------------------------------------
-def _silent_server() -> tuple[socket.socket, int]:
-    """A TCP server on 127.0.0.1 that accepts connections and never sends a byte."""
+def _silent_server() -> tuple[socket.socket, int, list[socket.socket]]:
+    """A TCP server on 127.0.0.1 that accepts connections and never sends a byte; the third
+    value lists the connections accepted so far."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(16)
@@ -175,14 +176,14 @@ def _silent_server() -> tuple[socket.socket, int]:
             accepted.append(connection)  # kept open, never answered
 
     threading.Thread(target=accept, daemon=True).start()
-    return server, int(server.getsockname()[1])
+    return server, int(server.getsockname()[1]), accepted
 
 
 def test_a_database_that_never_answers_fails_in_one_line_within_the_timeout(tmp_path: Path) -> None:
     pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed in this venv")
     from dispatchtune.search.optuna_search import CONNECT_TIMEOUT_S
 
-    server, port = _silent_server()
+    server, port, _ = _silent_server()
     try:
         start = time.monotonic()
         cli = subprocess.run(
@@ -197,3 +198,49 @@ def test_a_database_that_never_answers_fails_in_one_line_within_the_timeout(tmp_
     assert cli.returncode == 2 and len(lines) == 1, cli.stderr
     assert "Traceback" not in cli.stderr and f"127.0.0.1:{port}" in lines[0]
     assert elapsed < CONNECT_TIMEOUT_S * 3 + 60  # the connect timeout, plus start-up and enumeration
+
+
+def test_sigterm_ends_a_run_blocked_on_a_silent_database(tmp_path: Path) -> None:
+    pytest.importorskip("psycopg", reason="psycopg (the postgres extra) is not installed in this venv")
+    server, port, accepted = _silent_server()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE), "--target", "host",
+             "--order", "online", "--budget", "1", "--no-progress",
+             "--storage", f"postgresql+psycopg://u@127.0.0.1:{port}/db", "-o", str(tmp_path / "o")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        # SIGTERM once the worker waits for the database's first answer.
+        while time.monotonic() < deadline and proc.poll() is None and not accepted:
+            time.sleep(0.05)
+        assert accepted and proc.poll() is None
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        server.close()
+    assert time.monotonic() - sent < 5, "SIGTERM waited for the database"
+    assert proc.returncode in (2, 130) and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+
+
+def test_a_postgres_stopped_mid_run_is_one_line_and_resumable(tmp_path: Path) -> None:
+    pg = pytest.importorskip("pg", reason="tests/pg.py (the private PostgreSQL) is not here")
+    if (reason := pg.missing_reason()) is not None:
+        pytest.skip(reason)
+    out = tmp_path / "w"
+    with pg.private_postgres() as url:
+        proc = _worker(out, url, seed=0)
+        results = out / "results.jsonl"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if results.exists() and '"bench_status": "ok"' in results.read_text():
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, "the run ended before the database could be stopped"
+    # The server is stopped (and deleted) here, mid-run.
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in err, err
+    (line,) = err.strip().splitlines()
+    assert line.startswith("dispatchtune: error: lost the study storage at postgresql+psycopg://")
+    assert list(read_results(results))  # the log is intact: the run resumes from it
