@@ -1,9 +1,10 @@
 """Fault suite: workers killed with SIGKILL at random points, on SQLite and on PostgreSQL.
 
 Three `dispatchtune tune --order online` workers share one study (a tiny matmul on the host, so
-compiles take seconds); one is killed with SIGKILL at a random moment. The survivors must take
-back its claims (leases) and reach the budget; the killed worker, started again on its own output
-directory, writes any result that reached the study but not its log. Then, from the study and
+compiles take seconds); one is killed with SIGKILL at a random moment after its first claim
+(while it builds, measures or logs). The survivors must take back its claims (leases) and reach
+the budget; the killed worker, started again on its own output directory, writes any result that
+reached the study but not its log. Then, from the study and
 the three results logs: no candidate lost (every measurement of the study is in a log, no claim
 left open, the budget reached), none measured twice.
 
@@ -59,8 +60,9 @@ def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]
     outs = [tmp_path / f"w{i}" for i in range(3)]
     procs = [_worker(out, storage, seed * 10 + i) for i, out in enumerate(outs)]
     victim = rng.randrange(3)
-    # Anywhere from start-up (no claim yet) to the middle of the measurements.
-    time.sleep(rng.uniform(2.0, 14.0))
+    # At a random moment after the victim's first claim: while it builds, measures or logs.
+    _wait_for_claim(storage, outs[victim], procs[victim])
+    time.sleep(rng.uniform(0.0, 6.0))
     killed = procs[victim].poll() is None
     if killed:
         procs[victim].send_signal(signal.SIGKILL)
@@ -80,18 +82,39 @@ def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]
     running = [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
     return {
         "kills": int(killed),
+        # Claims taken back by lease (failed without a status): the kill left work to recover.
+        "expired": sum(t.state == optuna.trial.TrialState.FAIL and "status" not in t.user_attrs
+                       for t in trials),
         "measured": len(measured),
         "lost": len(measured - set(logged)) + len(running) + max(0, BUDGET - len(measured)),
         "twice": sum(n - 1 for n in logged.values()),
     }
 
 
+def _wait_for_claim(storage: str, out: Path, proc: subprocess.Popen[str]) -> None:
+    """Until the worker writing to `out` holds a claim (a running trial) in the study."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            names = optuna.get_all_study_names(storage)
+        except Exception:  # the workers are creating the schema right now
+            names = []
+        if names:
+            trials = optuna.load_study(study_name=names[0], storage=storage).get_trials(
+                deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+            if any(str(t.user_attrs.get("worker", "")).endswith(str(out.resolve()))
+                   for t in trials):
+                return
+        time.sleep(0.2)
+
+
 def _run_suite(tmp_path: Path, storage_of: Iterator[str], runs: int, label: str) -> None:
     figures = Counter[str]()
     for run in range(runs):
         figures.update(kill_one_of_three(tmp_path / f"run{run}", next(storage_of), seed=run))
-    print(f"{label}: runs {runs}, kills {figures['kills']}, measured {figures['measured']}, "
-          f"lost {figures['lost']}, twice {figures['twice']}")
+    print(f"{label}: runs {runs}, kills {figures['kills']}, claims expired "
+          f"{figures['expired']}, measured {figures['measured']}, lost {figures['lost']}, "
+          f"twice {figures['twice']}")
     assert figures["lost"] == 0 and figures["twice"] == 0, dict(figures)
     assert figures["measured"] == runs * BUDGET
 
