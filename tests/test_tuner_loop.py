@@ -337,3 +337,19 @@ def test_an_interrupted_confirmation_is_redone_on_resume(
     assert complete and len(latest) == 4 and latest[0].session != partial[0].session
     assert sum(r.is_candidate for r in records) == 2  # nothing screened again
     assert result.summaries[0].confirm_rounds == 2
+
+
+def test_failures_say_whether_they_may_be_transient() -> None:
+    from dispatchtune.datasets.records import ResultRecord, transient_failure
+
+    assert transient_failure("timeout", "timed out after 60 s")
+    assert transient_failure("crashed", "killed by SIGKILL: ")  # e.g. the OOM killer under load
+    assert transient_failure("error", "OSError: [Errno 28] No space left on device")
+    assert transient_failure("failed", "error: No space left on device")
+    assert not transient_failure("failed", "error: failed to build pass pipeline")
+    assert not transient_failure("not_applied", "")
+    # Logs written before the flag: classified from their statuses.
+    legacy = ResultRecord({}, "p", "host", "", 1, compile_status="timeout")
+    assert legacy.may_be_transient and not legacy.transient
+    measured = ResultRecord({}, "p", "host", "", 2, bench_status="ok", times_ms=[1.0])
+    assert not measured.failed and not measured.may_be_transient
