@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test install lint typecheck pytest clean
+.PHONY: demo test install lint typecheck pytest sshd clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,16 @@ typecheck: $(STAMP)
 	mkdir -p .typecheck && ln -sfn .. .typecheck/dispatchtune
 	MYPYPATH=.typecheck $(BIN)/mypy --config-file pyproject.toml -p dispatchtune
 
-pytest: $(STAMP)
+# The remote-runner tests start their own OpenSSH server on 127.0.0.1 (tests/test_remote.py).
+# It is installed here only when missing and we are root; otherwise those tests skip and say why.
+sshd:
+	@command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openssh-server \
+	      >/dev/null) || echo "could not install openssh-server: the ssh tests will skip"; \
+	  else echo "no sshd and not root: the ssh tests of tests/test_remote.py will skip"; fi; }
+
+pytest: $(STAMP) sshd
 	$(BIN)/pytest
 
 test: lint typecheck pytest

@@ -1,8 +1,8 @@
 """dispatchtune: ML-guided tuning of IREE compiler dispatches.
 
-Data flows one way: `tuner` (IREE side) -> `search` (Z3 enumeration, ordering) -> `costmodel`
-(ranking) -> `features` (feature tables); `datasets` is the shared record format, and
-`problem`/`targets` the shared vocabulary.
+Imports flow one way (README "Layout", checked by tests/test_architecture.py): `cli` -> `tuner`
+-> (`measure` -> `ir`) and (`search` -> `costmodel` -> `features` -> `datasets`), every layer on
+the shared vocabulary (`problem`, `targets`, `candidate`, `toolchain`, `errors`, `logs`).
 """
 
 from typing import TYPE_CHECKING, Any

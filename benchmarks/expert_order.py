@@ -49,19 +49,32 @@ def random_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
     return np.zeros(len(table))  # all tied: the expected position is (N + 1) / 2
 
 
-SCORERS: dict[str, Scorer] = {"heuristic": heuristic_scores, "random": random_scores}
+def model_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+    """The installed gfx942 default model (the pairwise prior: trained on these very files)."""
+    from dispatchtune.costmodel.defaults import model_for_target
+    from dispatchtune.features import extract_features
+
+    model = model_for_target(TARGET)[0]
+    features = extract_features(problem, get_target(TARGET), table)
+    with_table = getattr(model, "predict_candidates", None)
+    return np.asarray(with_table(features, table) if with_table else model.predict(features))
 
 
-def candidate_table(problem: Problem, cache: Path) -> pd.DataFrame:
+SCORERS: dict[str, Scorer] = {
+    "heuristic": heuristic_scores, "random": random_scores, "model": model_scores,
+}
+
+
+def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = True) -> pd.DataFrame:
     """The gfx942 candidate table of a problem (cached: enumeration compiles and solves)."""
     from dispatchtune.search import enumerate_candidates
 
-    path = cache / f"{problem.key}.pkl"
+    path = cache / f"{problem.key}{'' if heuristic_filters else '.whole'}.pkl"
     if path.exists():
         with path.open("rb") as f:
             table: pd.DataFrame = pickle.load(f)  # our own cache, written below
         return table
-    table = enumerate_candidates(problem, get_target(TARGET)).table
+    table = enumerate_candidates(problem, get_target(TARGET), heuristic_filters=heuristic_filters).table
     cache.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
         pickle.dump(table, f)
@@ -89,7 +102,7 @@ def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
 
 
 def measure(
-    entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path
+    entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True
 ) -> pd.DataFrame:
     rows = []
     for entry in entries:
@@ -104,7 +117,7 @@ def measure(
         expert = expert_columns(entry)
         row.update({f"expert_{k}": v for k, v in expert.items()})
         try:
-            table = candidate_table(problem, cache)
+            table = candidate_table(problem, cache, heuristic_filters)
         except DispatchTuneError as exc:
             rows.append({**row, "status": f"no space: {exc}"})
             continue
@@ -214,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--orders", default="heuristic,random")
     parser.add_argument("--files", default="", help="comma-separated substrings of file names")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
+    parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
+                        help="enumerate the whole valid space (without IREE's heuristic filters)")
     args = parser.parse_args(argv)
     orders = [o for o in args.orders.split(",") if o]
     unknown = set(orders) - set(SCORERS)
@@ -229,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.files:
         keys = args.files.split(",")
         entries = [e for e in entries if any(k in e.file for k in keys)]
-    frame = measure(entries, orders, args.cache)
+    frame = measure(entries, orders, args.cache, args.heuristic_filters)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write_report(frame, orders, args.output_dir, command))
     return 0

@@ -5,10 +5,16 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   K step, subgroup, occupancy and wave-quantization terms whose constants are chosen from a small
   grid by the median expert position on the *other* files);
 - `pairwise`: a logistic pairwise prior on standardised log-features (expert above each other
-  candidate of its dispatch), trained on the other files.
+  candidate of its dispatch), trained on the other files;
+- `prior`: the shipped model class (`costmodel.pairwise.PairwiseModel`: log-features only, no
+  heuristic terms), with IREE's default configuration as a weaker positive (`prior_nodefault`:
+  without it).
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
+`--save FILE` then trains the prior on every file and writes it as a model file (the shipped
+`costmodel/models/gfx942.json`), recording this command and the held-out figures.
 
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
+           [--no-heuristic-filters] [--grid] [--save costmodel/models/gfx942.json]
 """
 
 from __future__ import annotations
@@ -30,9 +36,11 @@ from benchmarks.expert_order import (
     markdown,
 )
 from dispatchtune.costmodel.heuristic import HeuristicModel, _log
+from dispatchtune.costmodel.pairwise import POSITIVE, WEAK_POSITIVE, PairwiseModel
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import extract_features
+from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
 
 LOG_FEATURES = (
@@ -44,25 +52,53 @@ GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
                               [0.0, 0.125, 0.25], [0, 1]))
 
 
-Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray]
+Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray]
 
 
-def load(specs: Path, cache: Path) -> list[Expert]:
-    """(file, kind, candidate table, features, expert mask) of every expert inside its space."""
+def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Expert]:
+    """(file, kind, candidate table, features, expert mask, IREE-default mask) of every expert
+    inside its space."""
     target = get_target(TARGET)
     out: list[Expert] = []
     for entry in load_spec_dir(specs):
         if entry.problem is None or entry.config is None:
             continue
         try:
-            table = candidate_table(entry.problem, cache)
+            table = candidate_table(entry.problem, cache, heuristic_filters)
         except DispatchTuneError:
             continue
         mask, _ = expert_mask(table, expert_columns(entry))
         if mask.any():
             features = extract_features(entry.problem, target, table)
-            out.append((entry.file, entry.problem.kind, table, features, mask))
+            default = default_mask(entry.problem, table, cache)
+            out.append((entry.file, entry.problem.kind, table, features, mask, default))
     return out
+
+
+def default_mask(problem: Problem, table: pd.DataFrame, cache: Path) -> np.ndarray:
+    """Rows equal to IREE's own default configuration of the problem (cached per problem)."""
+    import json
+    import tempfile
+
+    from dispatchtune.datasets.expert_specs import configuration_columns
+    from dispatchtune.ir.spec import applied_configs
+
+    path = cache / f"{problem.key}.default.json"
+    if not path.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "op.mlir"
+            source.write_text(problem.to_mlir())
+            try:
+                texts = applied_configs(source, get_target(TARGET), None)
+                columns = configuration_columns(texts[0], problem) if texts else {}
+            except (DispatchTuneError, ValueError, IndexError) as exc:
+                columns = {"error": str(exc)}
+        cache.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(columns))
+    columns = json.loads(path.read_text())
+    if "error" in columns or not columns:
+        return np.zeros(len(table), dtype=bool)
+    return expert_mask(table, columns)[0]
 
 
 def grid_score(f: pd.DataFrame, acc: float, k_bytes: float, sg: float, occ: float, wq: int) -> np.ndarray:
@@ -102,31 +138,62 @@ def pairwise_weights(designs: Sequence[np.ndarray], masks: Sequence[np.ndarray],
     return model.fit(np.vstack(xs), np.concatenate(ys)).coef_[0]
 
 
+def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Features, labels (expert 1, IREE default 0.5 when `weak`, else 0) and groups of experts."""
+    labels = []
+    for i, d in enumerate(data):
+        y = np.where(d[4], POSITIVE, 0.0)
+        if weak:
+            y = np.where(d[5] & ~d[4], WEAK_POSITIVE, y)
+        labels.append((y, np.full(len(y), i)))
+    features = pd.concat([d[3] for d in data], ignore_index=True)
+    return (features, np.concatenate([y for y, _ in labels]),
+            np.concatenate([g for _, g in labels]))
+
+
+def fit_prior(data: Sequence[Expert], weak: bool, c: float) -> PairwiseModel:
+    features, labels, groups = prior_training_set(data, weak)
+    pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
+    return PairwiseModel(c=c).fit(features, labels, groups, pipelines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("specs", type=Path)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--c", type=float, default=0.01, help="pairwise L2 strength (1/C)")
+    parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
+                        help="the whole valid space (without IREE's heuristic filters)")
+    parser.add_argument("--grid", action="store_true", help="also the grid-tuned heuristic")
+    parser.add_argument("--save", type=Path, help="train the prior on every file, write it here")
     args = parser.parse_args(argv)
-    data = load(args.specs, args.cache)
+    data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
-    fraction = {name: np.zeros(len(data)) for name in ("heuristic", "grid", "pairwise")}
-    for i, (_, _, _, f, mask) in enumerate(data):
+    names = ["heuristic", "pairwise", "prior_nodefault", "prior"] + (["grid"] if args.grid else [])
+    fraction = {name: np.zeros(len(data)) for name in names}
+    for i, (_, _, _, f, mask, _) in enumerate(data):
         fraction["heuristic"][i] = expected_position(HeuristicModel().predict(f), mask) / len(f)
     grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
-                     for g in GRID])
+                     for g in GRID]) if args.grid else np.zeros((0, len(data)))
     designs = [design(d[2], d[3]) for d in data]
     for held in sorted(set(files)):
         train = files != held
-        chosen = int(np.argmin(np.median(grid[:, train], axis=1)))
-        fraction["grid"][~train] = grid[chosen, ~train]
+        training = [d for d, t in zip(data, train, strict=True) if t]
+        if args.grid:
+            chosen = int(np.argmin(np.median(grid[:, train], axis=1)))
+            fraction["grid"][~train] = grid[chosen, ~train]
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
-                             [d[4] for d, t in zip(data, train, strict=True) if t], args.c)
+                             [d[4] for d in training], args.c)
+        priors = {"prior": fit_prior(training, True, args.c),
+                  "prior_nodefault": fit_prior(training, False, args.c)}
         for j in np.flatnonzero(~train).tolist():
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
-        print(f"held out {held}: grid chose {GRID[chosen]}", file=sys.stderr)
+            for name, model in priors.items():
+                scores = model.predict_candidates(data[j][3], data[j][2])
+                fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
+        print(f"held out {held}", file=sys.stderr)
     rows = []
     groups: list[tuple[str, np.ndarray]] = [("all", np.ones(len(data), bool))]
     groups += [(k, kinds == k) for k in sorted(set(kinds))]
@@ -139,7 +206,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             row[f"{name} <=1%"] = round(float((v <= 0.01).mean()), 2)
             row[f"{name} <=5%"] = round(float((v <= 0.05).mean()), 2)
         rows.append(row)
-    print(markdown(pd.DataFrame(rows)))
+    report = pd.DataFrame(rows)
+    print(markdown(report))
+    defaults = sum(int(d[5].any()) for d in data)
+    print(f"\n{len(data)} experts in space; IREE's default found in {defaults} of their spaces",
+          file=sys.stderr)
+    if args.save:
+        from dispatchtune.costmodel.modelfile import save_model
+
+        # IREE's default as a weak positive is kept only if it helps held out.
+        weak = float(np.median(fraction["prior"])) <= float(np.median(fraction["prior_nodefault"]))
+        model = fit_prior(data, weak, args.c)
+        command = "python benchmarks/expert_order_lofo.py " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        held_out = {name: {"median_position_fraction": float(np.median(v)),
+                           "within_1pct": float((v <= 0.01).mean()),
+                           "within_5pct": float((v <= 0.05).mean())}
+                    for name, v in fraction.items()
+                    if name in ("prior" if weak else "prior_nodefault", "heuristic")}
+        save_model(model, args.save, {
+            "target_kinds": ["gpu"], "target": TARGET, "command": command,
+            "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),
+                              "iree_default_weak_positives": defaults if weak else 0,
+                              "heuristic_filters": args.heuristic_filters},
+            "leave_one_file_out": held_out,
+        })
+        print(f"model written to {args.save}", file=sys.stderr)
     return 0
 
 

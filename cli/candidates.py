@@ -30,6 +30,7 @@ def register(subparsers: Any) -> None:
     add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=None,
                help="print only the first N")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of a table")
+    add_heuristic_filters_flag(parser)
     add_number(parser, "--op-index", kind=int, valid=AT_LEAST_0, default=None,
                help="which root op when FILE has several")
     parser.set_defaults(handler=run)
@@ -55,7 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--op-index {args.op_index} out of range 0..{len(problems) - 1}")
     else:
         problem = problems[args.op_index]
-    candidates = enumerate_candidates(problem, target, args.pipeline, args.limit)
+    candidates = enumerate_candidates(
+        problem, target, args.pipeline, args.limit, heuristic_filters=args.heuristic_filters
+    )
     out = sys.stdout
     if args.json:
         knob_columns = [c for c in candidates.table.columns if c != "pipeline"]
@@ -73,6 +76,17 @@ def run(args: argparse.Namespace) -> int:
     if len(candidates):
         print(candidates.table.loc[:, list(_SUMMARY)].to_string(), file=out)
     return 0
+
+
+def add_heuristic_filters_flag(parser: argparse.ArgumentParser) -> None:
+    """`--no-heuristic-filters`: the whole valid GPU space (shared by `candidates` and `rank`)."""
+    parser.add_argument(
+        "--no-heuristic-filters", dest="heuristic_filters", action="store_false",
+        help="GPU: drop the constraints IREE marks as heuristic filters (threads <= the larger "
+        "workgroup tile, K tile a multiple of the intrinsic's M) and keep its validity "
+        "constraints: brings in most expert configurations, and candidates of which some fail "
+        "to compile (measured in docs/gpu_order.md; tune records them as compile failures)",
+    )
 
 
 def _plain(value: Any) -> Any:

@@ -221,7 +221,11 @@ class _DeprecatedModelFlag(argparse.Action):
 
 def add_cost_model(parser: argparse.ArgumentParser, orders: Sequence[str], order_help: str) -> None:
     """`--order` and `--cost-model FILE` (a model file implies `--order model`)."""
-    parser.add_argument("--order", choices=tuple(orders), default="heuristic", help=order_help)
+    parser.add_argument(
+        "--order", choices=tuple(orders), default=None,
+        help=f"{order_help}; default: model on a GPU target that ships a model (gfx942: a prior "
+        "learned from expert-tuned specs), else heuristic",
+    )
     parser.add_argument(
         "--cost-model", type=absolute_path, metavar="FILE", dest="cost_model",
         help="learned cost-model file (from train-costmodel) for --order model/online; "
@@ -233,8 +237,21 @@ def add_cost_model(parser: argparse.ArgumentParser, orders: Sequence[str], order
 
 
 def order_of(args: argparse.Namespace) -> str:
-    """The order the flags ask for: a cost-model file alone means `--order model`."""
-    return "model" if args.cost_model is not None and args.order == "heuristic" else str(args.order)
+    """The order the flags ask for.
+
+    Without `--order`: a cost-model file means `model`; so does a GPU target with an installed
+    model (on gfx942 it puts expert-tuned configurations far earlier than the heuristic,
+    docs/gpu_order.md); otherwise `heuristic` (on CPU the heuristic stays the default order).
+    """
+    if args.order is not None:
+        return str(args.order)
+    if args.cost_model is not None:
+        return "model"
+    from dispatchtune.costmodel.defaults import default_model_path
+    from dispatchtune.targets import get_target
+
+    target = get_target(args.target)
+    return "model" if target.is_gpu and default_model_path(target.name) is not None else "heuristic"
 
 
 def progress_of(args: argparse.Namespace) -> bool | None:
@@ -255,7 +272,7 @@ def add_tuning_common(parser: argparse.ArgumentParser, defaults: TuneOptions | M
                         help="output directory (re-running with it resumes)")
     add_cost_model(
         parser, TUNE_ORDERS,
-        "candidate order: heuristic (default), model (learned: --cost-model FILE, else the "
+        "candidate order: heuristic, model (learned: --cost-model FILE, else the "
         "target's installed model), online (Optuna search from the model's order that refits on "
         "this run's measurements), random",
     )

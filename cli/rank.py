@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
+from dispatchtune.cli.candidates import add_heuristic_filters_flag
 from dispatchtune.cli.options import (
     AT_LEAST_0,
     absolute_path,
@@ -18,6 +21,10 @@ from dispatchtune.cli.options import (
 )
 from dispatchtune.costmodel.rank import ORDERS
 
+if TYPE_CHECKING:  # pandas and numpy load on first use: `dispatchtune --help` stays fast
+    import pandas as pd
+
+_SHOWN_ROWS = 10
 # Columns worth showing in the terminal; the CSV keeps every column.
 _SHOWN = (
     "candidate_id", "score", "pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m",
@@ -36,11 +43,15 @@ def register(subparsers: Any) -> None:
     parser.add_argument("file", type=absolute_path,
                         help="dumped dispatch benchmark (.mlir), model/function MLIR, or a dir")
     add_target(parser)
-    add_cost_model(parser, ORDERS, "heuristic (default), model (learned) or random")
+    add_cost_model(parser, ORDERS, "heuristic, model (learned) or random")
     add_seed(parser, 0, "seed of the random order and of tie-breaks (default %(default)s)")
-    add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=10,
-               help="rows shown per op (default %(default)s)")
+    add_number(parser, "--limit", kind=int, valid=AT_LEAST_0, default=None,
+               help=f"rows shown per op (default {_SHOWN_ROWS}; with --json every candidate)")
     parser.add_argument("--csv", type=absolute_path, help="write the full ranked tables here (all ops)")
+    parser.add_argument("--json", action="store_true",
+                        help="the order as JSON lines in the schema of `candidates --json` (rank, "
+                        "score, pipeline, knobs, compilation_info; plus problem_key, candidate_id)")
+    add_heuristic_filters_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -64,14 +75,62 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranking with the {where}", file=sys.stderr)
     tables = []
     for problem in load_problems(args.file, target):
-        cset = enumerate_candidates(problem, target)
+        cset = enumerate_candidates(problem, target, heuristic_filters=args.heuristic_filters)
         ranked = rank(cset, order=order, seed=args.seed, model=model)
+        if args.json:
+            head = ranked if args.limit is None else ranked.head(args.limit)
+            write_json_lines(cset, head, problem.key, sys.stdout)
+            tables.append(ranked.assign(problem_key=problem.key))
+            continue
         print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order")
         shown = [c for c in _SHOWN if c in ranked.columns]
-        if len(ranked) and args.limit:
-            print(ranked[shown].head(args.limit).to_string(index=False))
+        limit = _SHOWN_ROWS if args.limit is None else args.limit
+        if len(ranked) and limit:
+            print(ranked[shown].head(limit).to_string(index=False))
         tables.append(ranked.assign(problem_key=problem.key))
     if args.csv and tables:
         pd.concat(tables, ignore_index=True).to_csv(args.csv, index=False)
         print(f"ranked tables written to {args.csv}", file=sys.stderr)
     return 0
+
+
+def compilation_infos(cset: Any, ranked: pd.DataFrame) -> list[str]:
+    """`compilation_info` of every row of a ranked table, in its order: GPU rows in one batch per
+    pipeline (IREE materialises them; per-row pandas access would dominate), others row by row."""
+    import numpy as np
+
+    infos: list[str] = [""] * len(ranked)
+    pipelines = ranked["pipeline"].astype(str).to_numpy()
+    for pipeline in dict.fromkeys(pipelines.tolist()):
+        rows = np.flatnonzero(pipelines == pipeline)
+        batch = getattr(cset.materializers.get(pipeline), "compilation_infos", None)
+        if batch is not None:
+            texts = batch(ranked.iloc[rows])
+        else:
+            ids = ranked["candidate_id"].to_numpy()[rows]
+            texts = [cset.compilation_info(int(i)) for i in ids]
+        for row, text in zip(rows.tolist(), texts, strict=True):
+            infos[row] = text
+    return infos
+
+
+def write_json_lines(cset: Any, ranked: pd.DataFrame, problem_key: str, out: TextIO) -> None:
+    """One JSON object per candidate in benchmark order (`candidates --json` schema + score)."""
+    import numpy as np
+
+    knob_columns = [c for c in ranked.columns if c not in ("pipeline", "score", "candidate_id")]
+    # Column lists zipped into dicts: native Python values, several times faster than to_dict.
+    values = [ranked[c].tolist() for c in knob_columns]
+    knobs = [dict(zip(knob_columns, row, strict=True)) for row in zip(*values, strict=True)]
+    infos = compilation_infos(cset, ranked)
+    scores = ranked["score"].to_numpy(dtype=np.float64).tolist()
+    ids = ranked["candidate_id"].to_numpy().tolist()
+    pipelines = ranked["pipeline"].astype(str).tolist()
+    encode = json.JSONEncoder().encode
+    out.writelines(
+        encode({"rank": position, "score": scores[position] if math.isfinite(scores[position])
+                else None, "problem_key": problem_key, "candidate_id": ids[position],
+                "pipeline": pipelines[position], "knobs": knobs[position],
+                "compilation_info": infos[position]}) + "\n"
+        for position in range(len(ranked))
+    )

@@ -58,9 +58,16 @@ def register(subparsers: Any) -> None:
     add_number(parser, "--stop-margin", kind=float, valid=AT_LEAST_0, default=defaults.stop_margin,
                help="improvement that counts for --stop-patience (default %(default)s)")
     parser.add_argument(
-        "--devices", default="",
-        help="comma-separated devices, one benchmark worker each (default: the target's, "
-        "local-sync for host; e.g. hip://0,hip://1)",
+        "--devices", nargs="+", action="extend", default=[], metavar="DEVICE",
+        help="devices, one benchmark stream each (space- or comma-separated; default: the "
+        "target's, local-sync for host): an IREE URI (hip://0) or RUNNER/URI on another machine "
+        "(ssh://gpu1/hip://0 ssh://gpu2/cuda://0)",
+    )
+    parser.add_argument(
+        "--runner", default=defaults.runner, metavar="SPEC",
+        help="benchmark the bare --devices URIs on another machine: ssh://[user@]host[:port] or "
+        "'cmd:PREFIX' (a command that runs its arguments there, e.g. 'cmd:docker exec -i box'); "
+        "it needs only `pip install iree-base-runtime` of our version (docs/remote.md)",
     )
     add_number(parser, "--baseline-every", kind=int, valid=AT_LEAST_1, default=defaults.baseline_every,
                help="re-measure the compiler default after this many benchmarks per device "
@@ -114,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit,
         stop_patience=args.stop_patience,
         stop_margin=args.stop_margin,
-        devices=tuple(d.strip() for d in str(args.devices).split(",") if d.strip()),
+        devices=tuple(d.strip() for entry in args.devices for d in entry.split(",") if d.strip()),
+        runner=args.runner,
         jobs=args.jobs,
         repetitions=args.repetitions,
         baseline_every=args.baseline_every,

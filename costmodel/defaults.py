@@ -1,8 +1,9 @@
 """Which model ranks a target's candidates: a user's model file, the installed default, or the heuristic.
 
-Default models ship in `costmodel/models/` (package data), one per target name (`host.json`),
-trained on the shipped datasets (`datasets/data/`); see the dataset card for how. A target without
-a default model is ranked by the handwritten heuristic.
+Default models ship in `costmodel/models/` (package data), one per target name: `host.json`
+(trained on the shipped CPU dataset, `datasets/data/`; see the dataset card) and `gfx942.json` (a
+pairwise GPU prior trained on expert tuning specs; docs/gpu_order.md). A target without a default
+model is ranked by the handwritten heuristic.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def model_for_target(target_name: str, model_path: str | Path | None = None) -> 
     only on the other kind of target (GPU logs for a CPU target, or the reverse) is used with a
     warning.
     """
-    from dispatchtune.costmodel.modelfile import load_model
+    from dispatchtune.costmodel.modelfile import load_cost_model as load_model
 
     if model_path is not None:
         model, where = load_model(model_path), f"model file {model_path}"

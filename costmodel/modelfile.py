@@ -19,6 +19,10 @@ Layout (`FORMAT` = "dispatchtune.costmodel/2")::
                          "feature": ..., "threshold": ..., "value": ...,
                          "default_left": ..., "missing_type": ...}}}
 
+The "pairwise" kind (`costmodel/pairwise.py`, a linear GPU prior) stores, instead of trees,
+`"model": {"linear": {"basis": [...], "weights": {array}}}` (a float64 array as above);
+`basis` must name the basis this dispatchtune computes.
+
 Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
 from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
 containers and items, integers beyond 10^18, or NaN/Infinity. Every field is then type- and
@@ -41,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from dispatchtune.costmodel.learned import LABEL, MODELS, LearnedModel
+from dispatchtune.costmodel.pairwise import PairwiseModel, basis_names
 from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import (
@@ -70,9 +75,12 @@ _TARGET_KINDS = ("cpu", "gpu")
 
 
 # ---- writing -----------------------------------------------------------------------------------
-def model_document(model: LearnedModel, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def model_document(
+    model: LearnedModel | PairwiseModel, metadata: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The JSON document of a trained model (what `save_model` writes)."""
-
+    if isinstance(model, PairwiseModel):
+        return _pairwise_document(model, metadata)
     if not model.fitted:
         raise InputError(f"cannot save an untrained {model.kind} model")
     assert model.trees is not None
@@ -108,8 +116,29 @@ def model_document(model: LearnedModel, metadata: dict[str, Any] | None = None) 
     }
 
 
+def _pairwise_document(model: PairwiseModel, metadata: dict[str, Any] | None) -> dict[str, Any]:
+    import sklearn
+
+    arrays = model.arrays()
+    return {
+        "format": FORMAT,
+        "model_type": model.kind,
+        "feature_schema_version": FEATURE_SCHEMA_VERSION,
+        "feature_names": list(FEATURE_NAMES),
+        "label": "pairwise: expert configuration above the other candidates of its dispatch",
+        "params": model.params,
+        "seed": model.seed,
+        "training_rows": model.training_rows,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": {"dispatchtune": __version__, "scikit-learn": sklearn.__version__},
+        "metadata": {**model.metadata, **(metadata or {})},
+        "model": {"linear": {"basis": basis_names(),
+                             **{k: _encode(v, "<f8") for k, v in arrays.items()}}},
+    }
+
+
 def save_model(
-    model: LearnedModel, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None
+    model: LearnedModel | PairwiseModel, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None
 ) -> Path:
     """Write the model (and `metadata`, merged over `model.metadata`) as one JSON file."""
     path = Path(path)
@@ -138,8 +167,19 @@ def _json_default(value: object) -> object:
 
 # ---- reading -----------------------------------------------------------------------------------
 def load_model(path: str | os.PathLike[str]) -> LearnedModel:
-    """Read a model file written by `save_model`; refuses anything else with a one-line error."""
+    """Read a learned (tree) model file written by `save_model`; refuses anything else with a
+    one-line error."""
     return model_from_document(read_document(path), str(path))
+
+
+def load_cost_model(path: str | os.PathLike[str]) -> LearnedModel | PairwiseModel:
+    """Read any model file `save_model` writes: a learned tree model or a pairwise GPU prior."""
+    document = read_document(path)
+    if isinstance(document, dict) and document.get("model_type") == PairwiseModel.kind:
+        fields = _Fields(document, str(path))
+        _check_format(document.get("format"), document, str(path))
+        return _pairwise_from_document(fields)
+    return model_from_document(document, str(path))
 
 
 def read_document(path: str | os.PathLike[str]) -> Any:
@@ -268,6 +308,8 @@ def model_from_document(document: Any, where: str = "model") -> LearnedModel:
     fields = _Fields(document, where)
     _check_format(document.get("format"), document, where)
     kind = fields.get("model_type", str, "a model type")
+    if kind == PairwiseModel.kind:
+        raise fields.error("model_type", "is a pairwise GPU prior; read it with load_cost_model")
     if kind not in MODELS:
         raise fields.error("model_type", f"is {_short(kind)}, known: {', '.join(MODELS)}")
     names = _feature_names(fields)
@@ -289,6 +331,36 @@ def model_from_document(document: Any, where: str = "model") -> LearnedModel:
     model.importances_ = _importances(fields, names)
     model.metadata = _metadata(fields)
     model.trees = _trees(fields.nested("model").nested("trees"), len(names))
+    return model
+
+
+def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
+    _feature_names(fields)  # the basis is computed from this feature schema
+    params = fields.get("params", dict, "an object")
+    known = ("c", "pairs", "weak_weight")
+    for key, value in params.items():
+        if key not in known:
+            raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
+                               f"(known: {', '.join(known)})")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fields.error(f"params.{key}", f"is {_short(value)}, expected a number")
+    seed = fields.integer("seed", -(2**63), 2**63 - 1, 0)
+    linear = fields.nested("model").nested("linear")
+    if linear.get("basis", list, "a list of basis names") != basis_names():
+        raise linear.error("basis", "differs from this dispatchtune's pairwise basis; retrain it")
+    size = len(basis_names())
+    arrays = {}
+    for name in ("weights",):
+        array = linear.nested(name)
+        if array.integer("length", 0, MAX_MODEL_BYTES // 8) != size:
+            raise array.error("length", f"is not {size} (one entry per basis column)")
+        arrays[name] = _decode(array, "<f8")
+    try:
+        model = PairwiseModel.from_arrays(arrays, params, seed)
+    except (TypeError, InputError) as exc:
+        raise fields.error("model", f"is not a valid pairwise model ({exc})") from exc
+    model.training_rows = fields.integer("training_rows", 0, 2**63 - 1, 0)
+    model.metadata = _metadata(fields)
     return model
 
 
@@ -384,7 +456,7 @@ def _decode(fields: _Fields, dtype: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.dtype(dtype)).astype(np.dtype(dtype).newbyteorder("="))
 
 
-def describe_model(model: LearnedModel) -> str:
+def describe_model(model: LearnedModel | PairwiseModel) -> str:
     """One line about a model: type, label, training data, held-out figure if recorded."""
     meta = model.metadata
     data = meta.get("training_data")

@@ -406,6 +406,12 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
     }
 
 
+def configuration_columns(text: str, problem: Problem) -> dict[str, int | str]:
+    """Any current-syntax `compilation_info` of `problem` (e.g. IREE's own default) in the
+    candidate-table vocabulary, like `expert_columns`."""
+    return expert_columns(ExpertEntry("", "configuration", problem, _parse_current(text, problem)))
+
+
 # ---- files --------------------------------------------------------------------------------------
 def load_spec_file(path: str | Path) -> list[ExpertEntry]:
     """Every matcher of one spec file that carries a configuration, in file order."""

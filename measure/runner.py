@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -21,7 +22,7 @@ from typing import NamedTuple, Protocol
 import numpy as np
 
 from dispatchtune.measure.builder import CpuSlots
-from dispatchtune.measure.process import run_process
+from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.measure.verify import Call, read_outputs
 from dispatchtune.toolchain import tool_path
 
@@ -134,6 +135,51 @@ def slots_for_device(device: str, slots: CpuSlots) -> int:
     return slots.total if device.startswith("local") else 1
 
 
+def benchmark_args(
+    vmfb: str, device: str, settings: BenchSettings, call: Call | None, dispatch_statistics: bool
+) -> list[str]:
+    """`iree-benchmark-module` arguments (after the tool) that time `call` on `device`."""
+    args = [
+        f"--module={vmfb}",
+        f"--device={device}",
+        f"--benchmark_repetitions={settings.repetitions}",
+        f"--benchmark_min_time={settings.min_time_s:g}s",
+        "--benchmark_format=json",
+    ]
+    # A dispatch benchmark function takes its batch size as an argument; one is one dispatch.
+    args += ["--batch_size=1"] if call is None else [f"--function={call.function}", *call.inputs]
+    if dispatch_statistics:
+        args.append("--dispatch_statistics=true")
+    return args
+
+
+def run_args(vmfb: str, device: str, call: Call, outputs: Sequence[str]) -> list[str]:
+    """`iree-run-module` arguments (after the tool) that run `call` once, results to `outputs`."""
+    return [f"--module={vmfb}", f"--device={device}", f"--function={call.function}",
+            *call.inputs, *(f"--output=@{p}" for p in outputs)]
+
+
+def benchmark_outcome(
+    result: ProcessResult, settings: BenchSettings, device: str, dispatch_statistics: bool
+) -> BenchOutcome:
+    """What a finished `iree-benchmark-module` run (here or on another machine) measured."""
+    if not result.ok:
+        return BenchOutcome(result.status, result.error)
+    try:
+        report = parse_benchmark_json(result.stdout, settings.timer)
+    except (ValueError, KeyError) as exc:
+        return BenchOutcome("failed", f"unreadable benchmark output: {exc}")
+    if not report.times_ms:
+        return BenchOutcome("failed", "benchmark reported no repetitions")
+    if dispatch_statistics and not report.dispatches:
+        return BenchOutcome(
+            "failed",
+            f"iree-benchmark-module gave no per-dispatch rows on {device}; "
+            "--dispatch_statistics needs a backend with lightweight HAL profiling",
+        )
+    return BenchOutcome("ok", "", report.times_ms, report.dispatches)
+
+
 class LocalRunner:
     """`iree-benchmark-module` / `iree-run-module` on this machine.
 
@@ -149,45 +195,21 @@ class LocalRunner:
     ) -> BenchOutcome:
         command = [
             tool_path("iree-benchmark-module"),
-            f"--module={artifact.vmfb}",
-            f"--device={artifact.device}",
-            f"--benchmark_repetitions={settings.repetitions}",
-            f"--benchmark_min_time={settings.min_time_s:g}s",
-            "--benchmark_format=json",
+            *benchmark_args(str(artifact.vmfb), artifact.device, settings, call, dispatch_statistics),
         ]
-        # A dispatch benchmark function takes its batch size as an argument; one is one dispatch.
-        command += ["--batch_size=1"] if call is None else [
-            f"--function={call.function}", *call.inputs]
-        if dispatch_statistics:
-            command.append("--dispatch_statistics=true")
         held = (self.slots.hold(slots_for_device(artifact.device, self.slots))
                 if self.slots is not None else contextlib.nullcontext())
         with held:
             result = run_process(command, settings.timeout_s)
-        if not result.ok:
-            return BenchOutcome(result.status, result.error)
-        try:
-            report = parse_benchmark_json(result.stdout, settings.timer)
-        except (ValueError, KeyError) as exc:
-            return BenchOutcome("failed", f"unreadable benchmark output: {exc}")
-        if not report.times_ms:
-            return BenchOutcome("failed", "benchmark reported no repetitions")
-        if dispatch_statistics and not report.dispatches:
-            return BenchOutcome(
-                "failed",
-                f"iree-benchmark-module gave no per-dispatch rows on {artifact.device}; "
-                "--dispatch_statistics needs a backend with lightweight HAL profiling",
-            )
-        return BenchOutcome("ok", "", report.times_ms, report.dispatches)
+        return benchmark_outcome(result, settings, artifact.device, dispatch_statistics)
 
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         # Outputs go to raw files next to the binary and are gone once read.
         with tempfile.TemporaryDirectory(dir=artifact.vmfb.parent, prefix="outputs") as tmp:
             paths = [Path(tmp) / f"output{i}.bin" for i in range(len(call.results))]
             result = run_process(
-                [tool_path("iree-run-module"), f"--module={artifact.vmfb}",
-                 f"--device={artifact.device}", f"--function={call.function}", *call.inputs,
-                 *(f"--output=@{p}" for p in paths)],
+                [tool_path("iree-run-module"),
+                 *run_args(str(artifact.vmfb), artifact.device, call, [str(p) for p in paths])],
                 timeout_s,
             )
             if not result.ok:

@@ -34,13 +34,15 @@ def enumerate_candidates(
     limit: int | None = None,
     *,
     extra_knobs: Mapping[str, Sequence[int]] | None = None,
+    heuristic_filters: bool = True,
 ) -> CandidateSet:
     """Every valid configuration of `problem` on `target`, as a `CandidateSet`.
 
     `pipeline` restricts to one pipeline ("TileAndFuse", "VectorDistribute", "DoubleTilingExpert",
     "ConvTileAndDecomposeExpert"); `limit` keeps the first N rows of the deterministic order.
     `extra_knobs` (GPU) turns knobs IREE's constraints fix into explicit dimensions, e.g.
-    `{"prefetch_num_stages": (1, 2, 3)}`.
+    `{"prefetch_num_stages": (1, 2, 3)}`. `heuristic_filters=False` (GPU) drops the constraints
+    IREE marks as heuristic filters and keeps its validity constraints.
     """
     from dispatchtune.errors import DispatchTuneError
     from dispatchtune.targets import get_target
@@ -51,7 +53,7 @@ def enumerate_candidates(
     if resolved.is_gpu:
         from dispatchtune.search.gpu import enumerate_gpu
 
-        return enumerate_gpu(problem, resolved, pipeline, limit, extra_knobs)
+        return enumerate_gpu(problem, resolved, pipeline, limit, extra_knobs, heuristic_filters)
     if extra_knobs:
         raise DispatchTuneError("extra_knobs applies to GPU targets only")
     from dispatchtune.search.cpu import enumerate_cpu

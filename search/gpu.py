@@ -29,6 +29,15 @@ from dispatchtune.toolchain import first_error_line, run_tool
 
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
+#: Assertions IREE emits under "Additional heuristic filters to narrow the search space"
+#: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message. They
+#: exclude most expert configurations, which compile, but also some candidates that do not
+#: (measured in docs/gpu_order.md); the validity constraints 0-8 are always kept.
+HEURISTIC_FILTERS: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^wg_size_x <= wg_m OR wg_size_x <= wg_n$"),
+    re.compile(r"^red_\d+ must be divisible by mma_m\b"),
+)
+
 
 @dataclass(frozen=True)
 class GpuSpace:
@@ -95,8 +104,14 @@ def _constraint_ops(module: Any) -> list[Any]:
     return found
 
 
-def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
-    """Every constraint set IREE emits for this problem on this GPU target."""
+def gpu_spaces(
+    problem: Problem, target: Target, heuristic_filters: bool = True
+) -> list[GpuSpace]:
+    """Every constraint set IREE emits for this problem on this GPU target.
+
+    `heuristic_filters=False` drops the assertions IREE marks as heuristic filters
+    (`HEURISTIC_FILTERS`) and keeps every validity constraint.
+    """
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen
 
@@ -106,6 +121,8 @@ def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
         module = ir.Module.parse(text)
         roots = list(iree_codegen.get_tuner_root_ops(module))
         for index, op in enumerate(_constraint_ops(module)):
+            if not heuristic_filters:
+                drop_heuristic_filters(op)
             spaces.append(_describe(index, op, roots))
     if not spaces:
         raise DispatchTuneError(
@@ -113,6 +130,27 @@ def gpu_spaces(problem: Problem, target: Target) -> list[GpuSpace]:
             "(no MMA intrinsic fits these element types?)"
         )
     return spaces
+
+
+def drop_heuristic_filters(constraints_op: Any) -> list[str]:
+    """Erase the heuristic-filter assertions of one constraints op; returns their messages."""
+    from iree.compiler import ir
+
+    asserts: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "iree_codegen.smt.assert":
+            asserts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    constraints_op.walk(visit)
+    dropped = []
+    for op in asserts:
+        message = ir.StringAttr(op.attributes["msg"]).value
+        if any(p.search(message) for p in HEURISTIC_FILTERS):
+            dropped.append(message)
+            op.erase()
+    return dropped
 
 
 def _entries(attr: Any) -> tuple[Entry, ...]:
@@ -383,6 +421,10 @@ def _subgroup_tile(
 
 
 WAVES_PER_EU = "waves_per_eu"
+#: Rows of one constraint op and intrinsic from which `compilation_infos` uses a template.
+_TEMPLATE_MIN_ROWS = 16
+#: Knobs with at most this many values among the rows are fixed per template group.
+_FIXED_MAX_VALUES = 3
 
 
 def _with_waves_per_eu(info: Any, waves: int) -> Any:
@@ -417,24 +459,91 @@ class GpuMaterializer:
     def __getstate__(self) -> dict[str, Any]:
         return {"module_text": self.module_text, "knobs": self.knobs, "_state": None}
 
-    def compilation_info(self, row: pd.Series) -> str:
+    def _ops(self) -> tuple[Any, list[Any]]:
         from iree.compiler import ir
-        from iree.compiler.dialects import iree_codegen
 
         if self._state is None:
             context = ir.Context()
             with context:
                 module = ir.Module.parse(self.module_text)
             self._state = (context, module, _constraint_ops(module))
-        context, _, ops = self._state
-        space = int(row["space"])
-        assignment = {k: int(row[f"knob_{k}"]) for k in self.knobs[space]}
-        waves = int(row.get(f"knob_{WAVES_PER_EU}", 0))
+        return self._state[0], self._state[2]
+
+    def compilation_info(self, row: pd.Series) -> str:
+        return self.compilation_infos(row.to_frame().T)[0]
+
+    def compilation_infos(self, rows: pd.DataFrame) -> list[str]:
+        """`compilation_info` text of many rows (e.g. a whole ranked space), in their order.
+
+        IREE's materialisation substitutes knob values into the constraint op's template, so the
+        text of every row sharing a constraint op and an intrinsic is one format string: it is
+        built once from distinctive sentinel values, checked against IREE's own text on three real
+        rows of the group, and filled per row (about 100x faster than materialising each row).
+        A group whose check fails, or with `waves_per_eu`, is materialised row by row.
+        """
+        context, ops = self._ops()
+        spaces = rows["space"].to_numpy(dtype=np.int64)
+        waves_column = f"knob_{WAVES_PER_EU}"
+        waves = (rows[waves_column].to_numpy(dtype=np.int64) if waves_column in rows
+                 else np.zeros(len(rows), dtype=np.int64))
+        knobs = {name: rows[f"knob_{name}"].to_numpy(dtype=np.int64)
+                 for names in self.knobs.values() for name in names if f"knob_{name}" in rows}
+        # One-of knobs (`mma_idx`, `use_igemm_idx`, ...) pick whole attributes, and a scalar equal
+        # to its default is not printed (`prefetch_num_stages = 0`): knobs of one-of kind or with
+        # at most 3 values in these rows are fixed per group, the others are template fields.
+        choices = sorted(k for k in knobs
+                         if k.endswith("_idx") or len(np.unique(knobs[k])) <= _FIXED_MAX_VALUES)
+        keys = np.stack([spaces, waves > 0, *(knobs[k] for k in choices)], axis=1)
+        out = [""] * len(rows)
         with context:
-            info = iree_codegen.materialize_compilation_info(ops[space], assignment)
-            if waves > 0:
-                info = _with_waves_per_eu(info, waves)
-            return str(info)
+            for key in np.unique(keys, axis=0):
+                members = np.flatnonzero((keys == key).all(axis=1))
+                space, names = int(key[0]), self.knobs[int(key[0])]
+                fixed = {k: int(v) for k, v in zip(choices, key[2:], strict=True) if k in names}
+                values = [knobs[k][members] for k in names]
+                # Small groups (single rows) are cheaper materialised than templated and checked.
+                templated = not key[1] and len(members) >= _TEMPLATE_MIN_ROWS
+                template = self._template(ops[space], names, fixed) if templated else None
+                if template is not None:
+                    texts = [template.format(*row) for row in zip(*(v.tolist() for v in values),
+                                                                 strict=True)]
+                    checked = (0, len(members) // 2, len(members) - 1)
+                    if all(texts[e] == self._materialize(ops[space], names, values, e, 0)
+                           for e in checked):
+                        for i, text in zip(members.tolist(), texts, strict=True):
+                            out[i] = text
+                        continue
+                for j, i in enumerate(members.tolist()):
+                    out[i] = self._materialize(ops[space], names, values, j, int(waves[i]))
+        return out
+
+    @staticmethod
+    def _materialize(op: Any, names: Sequence[str], values: Sequence[np.ndarray], j: int,
+                     waves: int) -> str:
+        from iree.compiler.dialects import iree_codegen
+
+        info = iree_codegen.materialize_compilation_info(
+            op, {k: int(v[j]) for k, v in zip(names, values, strict=True)})
+        return str(_with_waves_per_eu(info, waves) if waves > 0 else info)
+
+    @staticmethod
+    def _template(op: Any, names: Sequence[str], fixed: Mapping[str, int]) -> str | None:
+        """A `str.format` template of one constraint op's text (knobs in `names` order; the
+        one-of knobs in `fixed` given), or None."""
+        from iree.compiler.dialects import iree_codegen
+
+        sentinels = [fixed.get(k, 7_300_001 + 2 * n) for n, k in enumerate(names)]
+        try:
+            text = str(iree_codegen.materialize_compilation_info(
+                op, dict(zip(names, sentinels, strict=True))))
+        except Exception:  # IREE refusing the sentinels: materialise row by row
+            return None
+        text = text.replace("{", "{{").replace("}", "}}")
+        for n, (k, sentinel) in enumerate(zip(names, sentinels, strict=True)):
+            if k in fixed:
+                continue  # chosen by the group: already spelled out in the text
+            text = re.sub(rf"(?<![0-9]){sentinel}(?![0-9])", f"{{{n}}}", text)
+        return text
 
 
 def enumerate_gpu(
@@ -443,15 +552,19 @@ def enumerate_gpu(
     pipeline: str | None = None,
     limit: int | None = None,
     extra_knobs: Mapping[str, Sequence[int]] | None = None,
+    heuristic_filters: bool = True,
 ) -> CandidateSet:
-    """Candidates of every (or one) GPU pipeline, in IREE's constraint-op order."""
+    """Candidates of every (or one) GPU pipeline, in IREE's constraint-op order.
+
+    `heuristic_filters=False`: the whole valid space, without IREE's heuristic filters.
+    """
     if pipeline is not None and pipeline not in GPU_PIPELINES:
         raise DispatchTuneError(
             f"unknown GPU pipeline {pipeline!r}; choose one of {', '.join(GPU_PIPELINES)}"
         )
     if problem.kind == "attention":
         raise DispatchTuneError("GPU candidate enumeration supports contractions and convolutions")
-    spaces = gpu_spaces(problem, target)
+    spaces = gpu_spaces(problem, target, heuristic_filters)
     chosen = [s for s in spaces if pipeline is None or s.pipeline == pipeline]
     if not chosen:
         raise DispatchTuneError(f"IREE emits no {pipeline} constraints for this problem")

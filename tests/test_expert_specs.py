@@ -78,7 +78,7 @@ def test_2024_syntax_mapped_by_meaning() -> None:
 
 def test_expert_outside_the_space_names_the_attribute() -> None:
     """punet's 256x64 tile with 512 threads breaks IREE's 'threads <= larger tile' filter."""
-    from benchmarks.expert_order import expert_mask
+    from dispatchtune.benchmarks.expert_order import expert_mask
     from dispatchtune.search import enumerate_candidates
 
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
@@ -98,7 +98,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_expert_configurations_are_found_in_the_real_space(tmp_path: Path) -> None:
     """Real IREE constraints + enumeration: both pipelines' expert configs are candidates."""
-    from benchmarks.expert_order import expected_position, expert_mask, heuristic_scores
+    from dispatchtune.benchmarks.expert_order import expected_position, expert_mask, heuristic_scores
     from dispatchtune.search import enumerate_candidates
 
     (vd,) = load_spec_file(FIXTURES / "unet_fp16_vectordistribute.mlir")

@@ -316,7 +316,7 @@ def test_cli_reports_a_corrupt_model_file_in_one_line(tmp_path: Path,
     assert result.stderr == ""
     example = Path(__file__).parent.parent / "examples" / "matmul_f32_512.mlir"
     result = subprocess.run(
-        [sys.executable, "-m", "dispatchtune", "rank", str(example), "--model", str(bad)],
+        [sys.executable, "-m", "dispatchtune", "rank", str(example), "--cost-model", str(bad)],
         capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and str(bad) in result.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,10 +12,18 @@ import pytest
 import z3
 
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, write_spec
 from dispatchtune.problem import Problem
 from dispatchtune.search import CandidateSet, enumerate_candidates
-from dispatchtune.search.gpu import GpuSpace, enumerate_space, gpu_spaces, reference_solutions
+from dispatchtune.search.gpu import (
+    GpuMaterializer,
+    GpuSpace,
+    enumerate_space,
+    gpu_spaces,
+    reference_solutions,
+)
 from dispatchtune.targets import get_target
+from dispatchtune.toolchain import run_tool
 
 SMALL = Problem.matmul(64, 64, 64, "f16")
 SMALL_T = Problem.matmul(64, 64, 64, "f16", transpose_b=True)
@@ -161,3 +170,68 @@ def test_unsupported_inputs_are_one_line_errors() -> None:
         enumerate_candidates(Problem.attention(1, 64, 64, 64, 64), "gfx942")
     with pytest.raises(DispatchTuneError, match=r"no GPU constraints|no MMA"):
         enumerate_candidates(Problem.matmul(64, 64, 64, "f32"), "sm_80")
+
+
+def _added_rows(problem: Problem) -> tuple[CandidateSet, CandidateSet, np.ndarray]:
+    """The filtered and the whole space, and the rows only the whole space has."""
+    filtered = enumerate_candidates(problem, "gfx942")
+    whole = enumerate_candidates(problem, "gfx942", heuristic_filters=False)
+    keys = [c for c in whole.table.columns if c.startswith("knob_")] + ["pipeline"]
+    merged = whole.table.merge(filtered.table[keys].assign(kept=True), on=keys, how="left")
+    return filtered, whole, merged["kept"].isna().to_numpy()
+
+
+def test_whole_space_drops_only_the_heuristic_filters() -> None:
+    filtered, whole, added = _added_rows(Problem.matmul(512, 512, 512, "f16"))
+    assert len(whole) - len(filtered) == int(added.sum()) > 0  # a strict superset
+    t = whole.table
+    heuristic_ok = (
+        (t["workgroup_threads"] <= np.maximum(t["tile_m"], t["tile_n"]))
+        & (t["tile_k"] % t["mma_m"] == 0)
+    ).to_numpy()
+    vd = (t["pipeline"] == "VectorDistribute").to_numpy()
+    # Every added row is a VectorDistribute row that breaks one of IREE's two heuristic filters;
+    # every kept VectorDistribute row satisfies both; TileAndFuse is unchanged.
+    assert (vd[added] & ~heuristic_ok[added]).all()
+    assert heuristic_ok[vd & ~added].all()
+    assert (~added[~vd]).all()
+
+
+def test_added_candidates_apply_and_compile(tmp_path: Path) -> None:
+    """A sample of the candidates the option adds: IREE applies each exactly and compiles it."""
+    problem = Problem.matmul(256, 256, 512, "f16")
+    _, whole, added = _added_rows(problem)
+    source = tmp_path / "mm.mlir"
+    source.write_text(problem.to_mlir())
+    target = get_target("gfx942")
+    rows = np.flatnonzero(added)
+    for i in rows[np.linspace(0, len(rows) - 1, 2).astype(int)].tolist():
+        info = whole.compilation_info(i)
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{i}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        flag = f"{target.tuning_spec_flag}={spec}"
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+                                         str(tmp_path / "op.vmfb")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("problem", "extra"),
+    [
+        (Problem.conv2d_nhwc_hwcf(2, 16, 16, 64, 64, 3, 3, "f16"), None),  # one-of igemm knob
+        (SMALL, {"waves_per_eu": (0, 2), "prefetch_num_stages": (0, 2)}),  # elided defaults
+    ],
+)
+def test_batch_compilation_infos_equal_irees_own_per_row(
+    problem: Problem, extra: dict[str, tuple[int, ...]] | None
+) -> None:
+    """`compilation_infos` (templated per constraint op) is exactly IREE's text for every row."""
+    cands = enumerate_candidates(problem, "gfx942", extra_knobs=extra)
+    table = cands.table
+    for pipeline in set(table["pipeline"].astype(str)):
+        rows = table[table["pipeline"].astype(str) == pipeline]
+        materializer = cands.materializers[pipeline]
+        assert isinstance(materializer, GpuMaterializer)
+        texts = materializer.compilation_infos(rows)
+        # A single row is never templated: IREE materialises it directly.
+        assert texts == [cands.compilation_info(int(i)) for i in rows.index]

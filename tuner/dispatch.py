@@ -12,7 +12,7 @@ import queue
 import threading
 import warnings
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +45,7 @@ from dispatchtune.measure.builder import (
     compile_candidate,
     write_spec_file,
 )
+from dispatchtune.measure.devices import parse_devices
 from dispatchtune.measure.process import kill_children
 from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
 from dispatchtune.measure.verify import Call, compare, problem_call
@@ -96,9 +97,20 @@ def decided_records(
 # ---- per-device state -------------------------------------------------------------------------
 @dataclass
 class Device:
+    """One benchmark stream: a device, the runner that reaches it, and its own baseline.
+
+    `uri` names it in the results log (`ssh://gpu1/hip://0` for a remote device, so two hosts'
+    `hip://0` stay apart); `iree_uri` is the device where its runner runs the tools.
+    """
+
     uri: str
+    runner: Runner
+    iree_uri: str = ""
     last_baseline_ms: list[float] = field(default_factory=list)
     since_baseline: int = 0
+
+    def artifact(self, vmfb: Path) -> Artifact:
+        return Artifact(vmfb, self.iree_uri or self.uri)
 
 
 @dataclass
@@ -127,7 +139,10 @@ class DispatchTuner:
         session: str,
         work_dir: Path,
         runner: Runner | None = None,
+        runners: Mapping[str, Runner] | None = None,
     ) -> None:
+        """`runners`: the runner of each remote device by its name (`measure.devices`); the
+        other devices use `runner`, by default the local one."""
         self.problem = prepared.problem
         self.prepared = prepared
         self.target = target
@@ -135,13 +150,24 @@ class DispatchTuner:
         self.log = log
         self.session = session
         self.work_dir = work_dir
-        self.devices = [Device(d) for d in (options.devices or (target.device_uri,))]
+        specs = parse_devices(options.devices, options.runner, target.device_uri)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
         self.jobs = options.jobs or cores
-        self.slots = CpuSlots(cores if not target.is_gpu else self.jobs + len(self.devices))
+        # A remote benchmark holds no core here: compiles keep every core busy beside it.
+        local = sum(1 for s in specs if not s.runner)
+        self.slots = CpuSlots(cores if not target.is_gpu else self.jobs + local)
         self.registry = BinaryRegistry()
-        # Benchmarks and verification runs go through this interface only (local by default).
-        self.runner: Runner = runner or LocalRunner(self.slots)
+        # Benchmarks and verification runs go through this interface only; which runner a device
+        # has is decided here, once.
+        local_runner: Runner = runner or LocalRunner(self.slots)
+        remote = runners or {}
+        missing = [s.name for s in specs if s.runner and s.name not in remote]
+        if missing:
+            raise DispatchTuneError(f"no runner was opened for device {missing[0]}")
+        self.devices = [
+            Device(s.name, remote[s.name] if s.runner else local_runner, s.uri) for s in specs
+        ]
+        self.runner: Runner = self.devices[0].runner  # the reference outputs' device
         self.settings = BenchSettings(
             options.repetitions, options.min_time_s, options.benchmark_timeout_s
         )
@@ -246,7 +272,7 @@ class DispatchTuner:
         if not built.ok:
             self.verify_note = f"function-level default build {built.status}: {built.error}"
             return
-        run = self.runner.run(Artifact(func_vmfb, self.devices[0].uri), self.call,
+        run = self.runner.run(self.devices[0].artifact(func_vmfb), self.call,
                               self.options.benchmark_timeout_s)
         if run.outputs is None:
             self.verify_note = f"default build did not run ({run.status}: {run.error})"
@@ -279,7 +305,7 @@ class DispatchTuner:
         )
 
     def _benchmark(self, vmfb: Path, device: Device) -> BenchOutcome:
-        return self.runner.benchmark(Artifact(vmfb, device.uri), self.settings)
+        return device.runner.benchmark(device.artifact(vmfb), self.settings)
 
     def _context(self) -> CompileContext:
         return CompileContext(
@@ -324,7 +350,7 @@ class DispatchTuner:
         if compiled.verify_vmfb is None:
             outcome.verify_status, outcome.verify_error = "error", compiled.verify_error
             return
-        run = self.runner.run(Artifact(compiled.verify_vmfb, device.uri), self.call,
+        run = device.runner.run(device.artifact(compiled.verify_vmfb), self.call,
                               self.options.benchmark_timeout_s)
         if run.outputs is None:
             outcome.verify_status = "error"

@@ -29,7 +29,7 @@ import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,8 @@ from dispatchtune.measure.benchfile import (
     is_dispatch_benchmark,
     prepare_dispatch,
 )
+from dispatchtune.measure.devices import parse_devices, remote_runners
+from dispatchtune.measure.remote import RemoteError, RemoteRunner
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
@@ -75,6 +77,9 @@ def candidate_source(
     from dispatchtune.search import enumerate_candidates
 
     cset = enumerate_candidates(problem, target)
+    if options.budget > len(cset):
+        logger.info("%s: the space has %d candidates, fewer than --budget %d: every one will be "
+                    "tried", problem.key[:40], len(cset), options.budget)
     model = None
     if options.order in ("model", "online") or options.model_path is not None:
         from dispatchtune.costmodel.defaults import model_for_target
@@ -209,12 +214,16 @@ def tune(
     options = options or TuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
-    if not options.compile_only:
-        target.check_runs_here()
+    devices = parse_devices(options.devices, options.runner, target.device_uri)
+    if not options.compile_only and any(not d.runner for d in devices):
+        target.check_runs_here()  # only devices on this machine need this CPU to run the code
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with locked_output_dir(out), _sigterm_as_interrupt():
-        return _tune(Path(path), target, out, options, candidates)
+    # Remote devices are connected (and their runtime version checked) before anything is built;
+    # their connections serve every dispatch of the run.
+    with (locked_output_dir(out), _sigterm_as_interrupt(),
+          remote_runners(devices, connect=not options.compile_only) as runners):
+        return _tune(Path(path), target, out, options, candidates, runners)
 
 
 def _tune(
@@ -223,6 +232,7 @@ def _tune(
     out: Path,
     options: TuneOptions,
     candidates: Sequence[Candidate] | CandidateFactory | None,
+    runners: Mapping[str, RemoteRunner],
 ) -> TuneResult:
     results_path = out / "results.jsonl"
     history = list(read_results(results_path))
@@ -237,7 +247,8 @@ def _tune(
     prepared = prepare_dispatches(path, target, work)
     for dispatch in prepared:
         problem = dispatch.problem
-        tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key)
+        tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
+                              runners=runners)
         source: CandidateSource | None = None
         progress = Progress(
             options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
@@ -252,8 +263,10 @@ def _tune(
                     source = StaticOrder(candidates)
                 tuner.run(source, progress)
             tuner.reconfirm_if_interrupted(progress)
-        except StorageLost:
-            raise  # every later dispatch needs the storage too; the run is resumable
+        except (RemoteError, StorageLost):
+            # A device host that stays unreachable, or the study storage, stops the run: every
+            # later dispatch needs them too. Re-running resumes.
+            raise
         except DispatchTuneError as exc:
             # One dispatch that cannot be tuned (an op the search does not cover, a default
             # build that fails) must not throw away the others' work.

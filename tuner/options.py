@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from dispatchtune.costmodel.rank import STATIC_ORDERS
 from dispatchtune.datasets.timing import ESTIMATORS
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.measure.devices import parse_devices
 
 #: `--order` choices: the static orders of `rank`, and the online search.
 TUNE_ORDERS: tuple[str, ...] = (*STATIC_ORDERS, "online")
@@ -26,7 +27,10 @@ class TuneOptions:
     time_limit_s: float = 0.0
     stop_margin: float = 0.01
     stop_patience: int = 0
-    devices: tuple[str, ...] = ()  # default: the target's device (local-sync for host)
+    # Devices to benchmark on, one stream each: IREE URIs here, or RUNNER/URI on another machine
+    # (`measure.devices`); default: the target's device (local-sync for host).
+    devices: tuple[str, ...] = ()
+    runner: str = ""  # runner of bare device URIs: "" (this machine), ssh://host or cmd:PREFIX
     jobs: int = 0  # compile workers; 0 = one per core
     repetitions: int = 5
     min_time_s: float = 0.05
@@ -72,5 +76,6 @@ class TuneOptions:
             raise DispatchTuneError("--order online learns from benchmarks; it cannot run --compile-only")
         if self.lease_s < 2:
             raise DispatchTuneError("--lease must be at least 2 seconds")
+        parse_devices(self.devices, self.runner, "local-sync")  # one-line error for a bad entry
         if self.stop_patience < 0 or self.time_limit_s < 0:
             raise DispatchTuneError("--stop-patience and --time-limit must be >= 0")

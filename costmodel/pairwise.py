@@ -1,0 +1,160 @@
+"""`PairwiseModel`: a linear GPU prior learned from which configuration beat the others.
+
+Ground truth for GPU orders here is not timings but choices: an expert shipped one configuration
+of a dispatch, so it ranks above the other candidates of that dispatch (IREE's own default is a
+weaker positive). The model is logistic regression on feature differences of such pairs, so
+`predict` is a plain linear score on a fixed basis: log2 of a few GPU features, their squares, the
+handwritten heuristic's term scores and whether the row is a VectorDistribute one, each
+standardised within the candidate set being ranked (one call = one dispatch's candidates; the
+scale of a feature differs a lot between dispatches, its rank within one does not). The pipeline
+is not a feature (the feature schema is shared with the CPU models), so it comes from the
+candidate table: `predict_candidates(features, table)`, which `costmodel.rank` calls when a model
+has it; `predict(features)` alone leaves that column at 0 (held out, this loses most of the
+prior's advantage: docs/gpu_order.md). One weight array, saved by `costmodel/modelfile.py`
+as the "pairwise" kind. See docs/gpu_order.md for how the shipped gfx942
+model is trained and how it does on held-out spec files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dispatchtune.costmodel.base import CostModel
+from dispatchtune.errors import InputError
+
+#: Features whose log2 (and its square) form the basis: the GPU quantities experts trade off
+#: (threads, accumulators, K tile and trips, workgroups per CU, intensity, occupancy, LDS share,
+#: intrinsic shape, tile shape, padding, wave quantization).
+BASIS_FEATURES: tuple[str, ...] = (
+    "threads", "acc_registers", "tile_k", "k_trips", "workgroups_per_cu", "wg_intensity",
+    "occupancy", "subgroups", "shared_memory_fraction", "mma_m", "mma_k", "tile_mn_ratio",
+    "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
+)
+#: Label of a positive (expert) row, a weak positive (IREE default) row; other rows are 0.
+POSITIVE, WEAK_POSITIVE = 1.0, 0.5
+
+
+def basis(features: pd.DataFrame, pipelines: Any = None) -> np.ndarray:
+    """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, the
+    heuristic's term scores and VectorDistribute (1/0; 0 without `pipelines`); standardised over
+    the rows given (one candidate set)."""
+    from dispatchtune.costmodel.heuristic import HeuristicModel
+
+    missing = [name for name in BASIS_FEATURES if name not in features.columns]
+    if missing:
+        raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
+    x = np.log2(np.maximum(features[list(BASIS_FEATURES)].to_numpy(np.float64), 2.0**-10))
+    terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
+    vd = np.zeros((len(x), 1))
+    if pipelines is not None:
+        vd[:, 0] = np.asarray(pipelines).astype(str) == "VectorDistribute"
+    z = np.hstack([x, x**2 / 10.0, terms, vd])
+    return (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
+
+
+def basis_names() -> list[str]:
+    """Names of the basis columns; a model file must list exactly these."""
+    import pandas as pd
+
+    from dispatchtune.costmodel.heuristic import HeuristicModel
+    from dispatchtune.features.extract import FEATURE_NAMES
+
+    # The heuristic's GPU terms: those it computes for a one-row GPU feature table.
+    probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
+    terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
+    return ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
+            + terms + ["vector_distribute"])
+
+
+class PairwiseModel(CostModel):
+    """Linear score on `basis`, fit so that positives outscore the other rows of their group."""
+
+    kind = "pairwise"
+
+    def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
+                 seed: int = 0) -> None:
+        if not (c > 0 and pairs > 0 and weak_weight >= 0):
+            raise InputError("pairwise model needs c > 0, pairs > 0 and weak_weight >= 0")
+        self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
+                                       "weak_weight": float(weak_weight)}
+        self.seed = seed
+        self.weights: np.ndarray | None = None
+        self.training_rows = 0
+        self.metadata: dict[str, Any] = {"target_kinds": ["gpu"]}
+
+    @property
+    def fitted(self) -> bool:
+        return self.weights is not None
+
+    def fit(self, features: pd.DataFrame, labels: Any, groups: Any = None,
+            pipelines: Any = None) -> PairwiseModel:
+        """`labels`: POSITIVE for expert rows, WEAK_POSITIVE for IREE's default, 0 otherwise;
+        `groups`: the dispatch of each row; `pipelines`: each row's pipeline name. Each positive is
+        paired with up to `pairs` rows of its group labelled lower (both orientations, so no
+        intercept is needed)."""
+        from sklearn.linear_model import LogisticRegression
+
+        y = np.asarray(labels, dtype=np.float64)
+        g = np.asarray(groups if groups is not None else np.zeros(len(y)))
+        if y.shape != (len(features),) or g.shape != y.shape:
+            raise InputError("pairwise fit needs one label and one group per feature row")
+        z = np.zeros((len(y), len(basis_names())))
+        for group in pd.unique(g):
+            rows = np.flatnonzero(g == group)
+            z[rows] = basis(features.iloc[rows],
+                            None if pipelines is None else np.asarray(pipelines)[rows])
+        rng = np.random.default_rng(self.seed)
+        diffs, weights = [], []
+        for group in pd.unique(g):
+            rows = np.flatnonzero(g == group)
+            for row in rows[y[rows] > 0]:
+                lower = rows[y[rows] < y[row]]
+                if not len(lower):
+                    continue
+                pick = rng.choice(lower, min(self.params["pairs"], len(lower)), replace=False)
+                diffs.append(z[row] - z[pick])
+                share = 1.0 if y[row] >= POSITIVE else self.params["weak_weight"]
+                weights.append(np.full(len(pick), share))
+        if not diffs:
+            raise InputError("pairwise fit found no positive row with lower-labelled rows beside it")
+        d, w = np.vstack(diffs), np.concatenate(weights)
+        x = np.vstack([d, -d])
+        target = np.concatenate([np.ones(len(d)), np.zeros(len(d))])
+        fit = LogisticRegression(C=self.params["c"], fit_intercept=False, max_iter=5000)
+        fit.fit(x, target, sample_weight=np.concatenate([w, w]))
+        self.weights = fit.coef_[0].astype(np.float64)
+        self.training_rows = len(d)
+        return self
+
+    def predict(self, features: pd.DataFrame) -> np.ndarray:
+        return self.predict_candidates(features, None)
+
+    def predict_candidates(self, features: pd.DataFrame, table: pd.DataFrame | None) -> np.ndarray:
+        """Scores of one candidate set, its pipelines read from the candidate `table`."""
+        if self.weights is None:
+            raise InputError("the pairwise model is not trained")
+        pipelines = None if table is None or "pipeline" not in table else table["pipeline"]
+        z = basis(features, pipelines)
+        # Rounded so that candidates equal on every basis feature tie exactly.
+        return np.round(z @ self.weights, 9)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The arrays a model file stores."""
+        if self.weights is None:
+            raise InputError("cannot save an untrained pairwise model")
+        return {"weights": self.weights}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], params: dict[str, Any], seed: int = 0
+                    ) -> PairwiseModel:
+        """Rebuild from stored arrays (`weights`: one finite number per basis column)."""
+        model = cls(seed=seed, **params)
+        size = len(basis_names())
+        values = np.asarray(arrays["weights"], dtype=np.float64)
+        if values.shape != (size,) or not np.isfinite(values).all():
+            raise InputError(f"pairwise array 'weights' must hold {size} finite numbers")
+        model.weights = values
+        return model
