@@ -53,7 +53,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from dispatchtune.datasets.records import MAX_ATTEMPTS
 from dispatchtune.errors import DispatchTuneError, StorageLost
@@ -66,7 +66,9 @@ PARAM = "candidate"
 # per-trial INFO lines are noise in a tuning run.
 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-optuna.logging.set_verbosity(optuna.logging.WARNING)
+# Optuna's own warnings about database errors it retries are noise too: what fails in the end is
+# reported once, as `StorageLost`.
+optuna.logging.set_verbosity(optuna.logging.ERROR)
 #: Default lease of a claim: a trial without a heartbeat for this long is failed by any worker.
 LEASE_S = 30
 #: Database timeouts: a server that accepts connections but never answers fails the run in
@@ -94,11 +96,20 @@ def shown_url(url: str) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    """The first line of the innermost cause (the driver's own message, not Optuna's wrapper)."""
-    while exc.__cause__ is not None:
-        exc = exc.__cause__
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+    """The driver's own first line: the database error behind Optuna's and SQLAlchemy's wrappers.
+
+    After a lost connection SQLAlchemy's next error is about an unfinished transaction; the
+    driver's error it was raised while handling says what happened.
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    driver = [e.orig for e in chain if isinstance(e, DBAPIError) and e.orig is not None]
+    inner = driver[-1] if driver else chain[-1]
+    text = str(inner).strip().splitlines()
+    return text[0] if text else type(inner).__name__
 
 
 def engine_kwargs(url: str) -> dict[str, Any]:

@@ -264,6 +264,9 @@ def test_a_postgres_stopped_mid_run_is_one_line_and_resumable(tmp_path: Path) ->
     # The server is stopped (and deleted) here, mid-run.
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "Traceback" not in err, err
-    (line,) = err.strip().splitlines()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    (line,) = lines
+    print(line)
     assert line.startswith("dispatchtune: error: lost the study storage at postgresql+psycopg://")
     assert list(read_results(results))  # the log is intact: the run resumes from it
