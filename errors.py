@@ -24,3 +24,10 @@ class UnsupportedProblem(InputError):
     Raised by enumeration before anything is compiled, with one line naming the limit, so a
     whole-model run can skip the dispatch and report why.
     """
+
+
+class StorageLost(DispatchTuneError):
+    """A study's database cannot be opened or failed mid-run (connection lost, timeout).
+
+    It ends the whole run (no dispatch can go on without it); the run is resumable.
+    """

@@ -93,6 +93,15 @@ def register(subparsers: Any) -> None:
         help="time of a measurement from its repetitions (default %(default)s: outside load only "
         "slows runs down)",
     )
+    parser.add_argument(
+        "--retry-failed", action="store_true",
+        help="try again every candidate that failed in an earlier run on this output directory "
+        "(without it, only failures that may be transient: timeouts, crashes, a full disk; at "
+        "most 3 tries each)",
+    )
+    add_number(parser, "--lease", kind=int, valid=AT_LEAST_1, default=defaults.lease_s, metavar="S",
+               help="online search: a worker's claim on a candidate is taken back after S seconds "
+               "without its heartbeat (default %(default)s)")
     parser.set_defaults(handler=run)
 
 
@@ -127,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         confirm_top=args.confirm_top,
         confirm_rounds=args.confirm_rounds,
         progress=progress_of(args),
+        retry_failed=args.retry_failed,
+        lease_s=args.lease,
     )
     with one_line_warnings():
         result = tune(args.file, args.target, args.output_dir, options)

@@ -13,6 +13,13 @@ Two kinds of record share the format:
 * ``kind = "confirm"``: a re-measurement of one of the best candidates at the end of a run, in
   rounds that alternate with the baseline (``baseline_times_ms`` = that round's baseline).
 
+``transient`` marks a failure that may not happen again (a timeout, a crash, an I/O error such as a
+full disk, a compile killed under load): such candidates are tried again by later runs, at most
+`MAX_ATTEMPTS` times in all (`may_be_transient` classifies logs written before the field).
+``compile_timeout_s`` is the compile timeout a candidate was built under, so a run with a larger
+one retries the timed-out. Confirm records carry their round (``confirm_round``) and the plan
+of their confirmation (``confirm_rounds`` x ``confirm_finalists``), so an interrupted one is seen.
+
 ``space_digest`` names the enumeration ``candidate_id`` is a row of (`CandidateSet.digest`; ""
 for candidates that did not come from an enumeration, and in logs written before the field): a
 log from another IREE, Z3 model or CPU numbers its rows differently.
@@ -55,6 +62,15 @@ COMPILE_STATUSES = ("ok", "failed", "timeout", "crashed", "not_applied", "duplic
 BENCH_STATUSES = ("ok", "failed", "timeout", "crashed", "skipped")
 #: `verify_status` values.
 VERIFY_STATUSES = ("ok", "mismatch", "skipped", "error")
+
+#: Tries of a candidate whose failures may be transient, across runs (the first and 2 retries).
+MAX_ATTEMPTS = 3
+#: Error text of failures the environment caused (the disk, memory, the process table).
+_TRANSIENT_ERRORS = (
+    "no space left on device", "input/output error", "cannot allocate memory", "out of memory",
+    "disk quota exceeded", "resource temporarily unavailable", "too many open files",
+    "[errno 28]", "[errno 5]", "[errno 12]", "[errno 122]",
+)
 
 _REQUIRED = ("schema", "kind", "problem_key", "target", "candidate_id", "compile_status")
 
@@ -108,6 +124,13 @@ class ResultRecord:
     target_cpu: str = ""
     #: `CandidateSet.digest` of the enumeration `candidate_id` is a row of ("": not known).
     space_digest: str = ""
+    #: The failure may be transient (see the module docstring); False for successes.
+    transient: bool = False
+    compile_timeout_s: float | None = None
+    #: confirm records: this round (0-based), and the rounds x finalists of the confirmation.
+    confirm_round: int = -1
+    confirm_rounds: int = 0
+    confirm_finalists: int = 0
 
     def __post_init__(self) -> None:
         self.kind = RecordKind(self.kind)  # a plain "baseline" is accepted and stored typed
@@ -138,6 +161,20 @@ class ResultRecord:
         return self.problem_key == problem_key and self.target == target
 
     @property
+    def failed(self) -> bool:
+        """The candidate could not be built or benchmarked (a duplicate or a miscompile is a result)."""
+        return self.compile_status not in ("ok", "duplicate") or self.bench_status in (
+            "failed", "timeout", "crashed")
+
+    @property
+    def may_be_transient(self) -> bool:
+        """A failure worth another try: flagged when written, or classified from its statuses."""
+        if not self.failed:
+            return False
+        return self.transient or transient_failure(self.compile_status, self.compile_error) or (
+            self.compile_status == "ok" and transient_failure(self.bench_status, self.bench_error))
+
+    @property
     def median_ms(self) -> float | None:
         return float(np.median(self.times_ms)) if self.times_ms else None
 
@@ -147,6 +184,28 @@ class ResultRecord:
                 or self.verify_status == "mismatch"):
             return None
         return estimate(self.times_ms, estimator)
+
+
+def transient_failure(status: str, error: str) -> bool:
+    """Whether a compile/benchmark/run outcome may not recur: timeouts, crashes (a compile killed
+    under load), and errors of the environment (a full disk, no memory) rather than of the config."""
+    if status in ("timeout", "crashed"):
+        return True
+    if status in ("ok", "duplicate", "skipped", "not_applied"):
+        return False
+    text = error.lower()
+    return any(marker in text for marker in _TRANSIENT_ERRORS)
+
+
+def latest_attempts(records: Iterable[ResultRecord]) -> list[ResultRecord]:
+    """The records without the failed attempts a later attempt of the same candidate superseded."""
+    records = list(records)
+
+    def key(r: ResultRecord) -> tuple[str, str, str]:
+        return r.problem_key, r.target, r.compilation_info or f"#{r.candidate_id}"
+
+    last = {key(r): index for index, r in enumerate(records) if r.is_candidate}
+    return [r for i, r in enumerate(records) if not r.is_candidate or last[key(r)] == i]
 
 
 def _json_default(value: object) -> object:
@@ -292,6 +351,7 @@ def _kind(value: Any) -> RecordKind:
 #: fails here at import, not on some user's log.
 _CONVERTERS: dict[str, Callable[[Any], Any]] = {
     "str": _expect(str, "a string"),
+    "bool": _expect(bool, "a boolean"),
     "int": _expect(int, "an integer"),
     "int | None": _optional(_expect(int, "an integer")),
     "float": _number,

@@ -7,11 +7,19 @@ The prior is a cost model's scores of the enumerated space.
 
 Results already logged (`history`: an interrupted run, or an earlier run with another order) enter
 the study as if measured in it, but only those of the same enumeration (`space_digest`): a
-`candidate_id` of another IREE, Z3 model or CPU names another configuration.
+`candidate_id` of another IREE, Z3 model or CPU names another configuration. Failures that may be
+transient are not imported (the study counts their attempts), nor any failure with
+`retry_failed`.
+
+The loop reports a benchmarked candidate with `tell_record` (the whole record goes to the study
+before the loop logs it, see `search.optuna_search`); `recovered` holds the records of this
+worker's results that reached the study but not its log (a kill between the two), for the loop to
+log.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -20,9 +28,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from dispatchtune.candidate import Candidate
-from dispatchtune.datasets.records import ResultRecord
+from dispatchtune.datasets.records import ResultRecord, record_from_dict
 from dispatchtune.search.online import OnlineSearch
-from dispatchtune.search.optuna_search import OnlineStudy
+from dispatchtune.search.optuna_search import LEASE_S, OnlineStudy
 from dispatchtune.search.source import table_candidate
 
 if TYPE_CHECKING:
@@ -55,6 +63,9 @@ class OnlineSource:
         patience: int = 0,
         estimator: str = "min",
         history: Iterable[ResultRecord] = (),
+        lease_s: int = LEASE_S,
+        retry_failed: bool = False,
+        compile_timeout_s: float = 0.0,
     ) -> None:
         from dispatchtune.features.extract import extract_features
 
@@ -77,8 +88,16 @@ class OnlineSource:
             deadline=time.monotonic() + time_limit_s if time_limit_s > 0 else None,
             margin=margin,
             patience=patience,
+            lease_s=lease_s,
+            retry_failed=retry_failed,
+            compile_timeout_s=compile_timeout_s,
         )
+        history = list(history)
+        self.retry_failed = retry_failed
         self.imported = self.study.record_known(self._known(history, estimator))
+        logged = {r.compilation_info for r in history
+                  if r.is_candidate and r.belongs_to(problem.key, target.name)}
+        self.recovered = [record_from_dict(json.loads(text)) for text in self.study.unlogged(logged)]
         self._trial_of: dict[int, int] = {}  # candidate_id -> trial number
 
     def _known(self, history: Iterable[ResultRecord], estimator: str) -> dict[int, float | None]:
@@ -95,7 +114,9 @@ class OnlineSource:
                 continue
             row = record.candidate_id
             # A duplicate's binary was measured under another candidate; it teaches nothing.
-            if 0 <= row < len(self.table) and record.compile_status != "duplicate":
+            # Failures to be tried again are left to the study's attempt count.
+            retry = record.failed and (self.retry_failed or record.may_be_transient)
+            if 0 <= row < len(self.table) and record.compile_status != "duplicate" and not retry:
                 known[row] = record.learned_time(estimator)
         if foreign:
             logger.warning(
@@ -121,6 +142,15 @@ class OnlineSource:
         number = self._trial_of.pop(candidate.candidate_id, None)
         if number is not None:
             self.study.tell(number, time_ms)
+
+    def tell_record(self, candidate: Candidate, record: ResultRecord, time_ms: float | None) -> None:
+        """`tell`, with the record the loop is about to log (kept in the study first)."""
+        number = self._trial_of.pop(candidate.candidate_id, None)
+        if number is None:
+            return
+        timed_out = record.compile_status == "timeout" and record.compile_timeout_s
+        self.study.tell(number, time_ms, transient=record.may_be_transient, record=record.to_json(),
+                        timeout_s=float(record.compile_timeout_s or 0.0) if timed_out else 0.0)
 
     def skip(self, candidate: Candidate) -> None:
         number = self._trial_of.pop(candidate.candidate_id, None)

@@ -10,7 +10,9 @@ import json
 import multiprocessing
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import optuna
@@ -212,3 +214,72 @@ def test_online_run_resumes_without_remeasuring(tmp_path: Path) -> None:
     # Both runs logged the same enumeration, so the second imported the first's results.
     (digest,) = {r.space_digest for r in read_results(out / "results.jsonl")}
     assert len(digest) == 16
+
+
+# ---- leases, budget, retries ---------------------------------------------------------------------
+def _study(storage: str, worker: str, budget: int, **kwargs: Any) -> tuple[OnlineStudy, np.ndarray]:
+    features, times = synthetic_space(40)
+    search = OnlineSearch(features, -times, seed=0)  # a perfect prior: the same order for all
+    return OnlineStudy(storage, "s", search, "digest", budget, worker, session=worker,
+                       **kwargs), times
+
+
+def test_a_dead_workers_fresh_claim_expires_while_the_other_runs_to_the_budget(
+    tmp_path: Path,
+) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    dead, _ = _study(storage, "dead", budget=3, lease_s=2)
+    claim = dead.ask()
+    assert claim is not None
+    dead._beat_stop.set()  # killed at once: no heartbeat after the one written at the claim
+    survivor, times = _study(storage, "survivor", budget=3, lease_s=2)
+    start = time.monotonic()
+    measured = []
+    while (asked := survivor.ask()) is not None:
+        number, row = asked
+        survivor.tell(number, float(times[row]))
+        measured.append(row)
+    survivor.close()
+    # The dead claim held a budget slot until its lease ran out; then its candidate (the best
+    # by the prior) was measured by the survivor, which reached the full budget.
+    assert survivor.stop_reason == "budget" and len(measured) == 3 and claim[1] in measured
+    assert time.monotonic() - start >= 2
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert sum(t.state == optuna.trial.TrialState.COMPLETE for t in trials) == 3
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_a_transient_failure_is_proposed_again_up_to_three_tries(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    tries = []
+    for attempt in range(4):
+        study, _ = _study(storage, f"w{attempt}", budget=1)
+        number, row = study.ask() or (-1, -1)
+        tries.append(row)
+        study.tell(number, None, transient=True)
+        study.close()
+    # Three tries of the best candidate, then it counts as failed and the next one is asked.
+    assert tries[:3] == [tries[0]] * 3 and tries[3] != tries[0]
+    # A permanent failure is never asked again, unless a worker retries failures.
+    study, _ = _study(storage, "perm", budget=1)
+    number, row = study.ask() or (-1, -1)
+    study.tell(number, None)
+    study.close()
+    again, _ = _study(storage, "again", budget=1)
+    assert (again.ask() or (-1, -1))[1] not in (row, tries[0])
+    again.close()
+    forced, _ = _study(storage, "forced", budget=1, retry_failed=True)
+    assert (forced.ask() or (-1, -1))[1] == tries[0]  # the best-prior candidate, failed before
+    forced.close()
+
+
+def test_a_result_that_missed_the_log_is_restored_from_the_study(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study, _ = _study(storage, "w", budget=2)
+    number, _ = study.ask() or (-1, -1)
+    study.tell(number, 1.5, record='{"compilation_info": "config-a", "candidate_id": 7}')
+    study.close()  # killed before the log line: the study holds the record
+    again, _ = _study(storage, "w", budget=2)
+    assert again.unlogged(set()) == ['{"compilation_info": "config-a", "candidate_id": 7}']
+    assert again.unlogged({"config-a"}) == []
+    again.close()

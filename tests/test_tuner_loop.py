@@ -271,3 +271,85 @@ def test_a_wrong_output_is_recorded_as_a_miscompile_and_never_chosen(
     assert "miscompile" in record.verify_error
     assert result.summaries[0].miscompiles == [7] and result.summaries[0].best is None
     assert "MISCOMPILES" in result.text and "[7]" in (out / "summary.md").read_text()
+
+
+def test_transient_failures_are_retried_bounded_and_a_larger_timeout_retries(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "run"
+    candidate = [Candidate(5, cpu_config((32, 32), (8, 32), 4))]
+
+    def attempts(timeout_s: float, **overrides: Any) -> list[tuple[str, bool, float | None]]:
+        options = fast(budget=1, compile_timeout_s=timeout_s, verify=False, confirm_top=0,
+                       **overrides)
+        tune(FIXTURE, HOST, out, options, candidates=candidate)
+        return [(r.compile_status, r.transient, r.compile_timeout_s)
+                for r in read_results(out / "results.jsonl") if r.is_candidate]
+
+    for _ in range(4):  # the fourth run has nothing left to try
+        tried = attempts(0.05)
+    assert tried == [("timeout", True, 0.05)] * 3
+    # A larger compile timeout is a new chance; the report counts the latest attempt only.
+    tried = attempts(120.0)
+    assert tried[-1] == ("ok", False, 120.0) and len(tried) == 4
+    assert "compile timeout" not in (out / "summary.md").read_text()
+
+
+def test_retry_failed_tries_permanent_failures_again(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    broken = [Candidate(12, GPU_CONFIG)]  # fails to build on llvm-cpu, every time
+    options = fast(budget=1, verify=False, confirm_top=0)
+    tune(FIXTURE, HOST, out, options, candidates=broken)
+    tune(FIXTURE, HOST, out, options, candidates=broken)
+    logged = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
+    assert [(r.compile_status, r.transient) for r in logged] == [("failed", False)]
+    tune(FIXTURE, HOST, out, fast(budget=1, verify=False, confirm_top=0, retry_failed=True),
+         candidates=broken)
+    assert sum(r.is_candidate for r in read_results(out / "results.jsonl")) == 2
+
+
+def test_an_interrupted_confirmation_is_redone_on_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from dispatchtune.tuner.dispatch import decided_records, latest_confirmation
+
+    out = tmp_path / "run"
+    results = out / "results.jsonl"
+    options = fast(budget=2, verify=False, confirm_top=2, confirm_rounds=2, min_speedup=0.0)
+    good = [c for c in candidates() if c.knobs["label"] == "good"][:2]
+    tune(FIXTURE, HOST, out, options, candidates=good)
+    lines = results.read_text().splitlines()
+    confirms = [i for i, line in enumerate(lines) if '"kind": "confirm"' in line]
+    assert len(confirms) == 4
+    # Killed after the first finalist of the second round: the rest of the log never written.
+    results.write_text("\n".join(lines[: confirms[2] + 1]) + "\n")
+    records = list(read_results(results))
+    key = records[0].problem_key
+    partial, complete = latest_confirmation(records, key, HOST.name)
+    assert len(partial) == 3 and not complete
+    with caplog.at_level("WARNING"):
+        decided = decided_records(records, [key], HOST.name)
+    assert not any(r.is_confirm for r in decided) and "confirmation was interrupted" in caplog.text
+
+    result = tune(FIXTURE, HOST, out, options, candidates=good)
+    records = list(read_results(results))
+    latest, complete = latest_confirmation(records, key, HOST.name)
+    assert complete and len(latest) == 4 and latest[0].session != partial[0].session
+    assert sum(r.is_candidate for r in records) == 2  # nothing screened again
+    assert result.summaries[0].confirm_rounds == 2
+
+
+def test_failures_say_whether_they_may_be_transient() -> None:
+    from dispatchtune.datasets.records import ResultRecord, transient_failure
+
+    assert transient_failure("timeout", "timed out after 60 s")
+    assert transient_failure("crashed", "killed by SIGKILL: ")  # e.g. the OOM killer under load
+    assert transient_failure("error", "OSError: [Errno 28] No space left on device")
+    assert transient_failure("failed", "error: No space left on device")
+    assert not transient_failure("failed", "error: failed to build pass pipeline")
+    assert not transient_failure("not_applied", "")
+    # Logs written before the flag: classified from their statuses.
+    legacy = ResultRecord({}, "p", "host", "", 1, compile_status="timeout")
+    assert legacy.may_be_transient and not legacy.transient
+    measured = ResultRecord({}, "p", "host", "", 2, bench_status="ok", times_ms=[1.0])
+    assert not measured.failed and not measured.may_be_transient

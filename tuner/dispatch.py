@@ -6,12 +6,13 @@ and verified through a `Runner`, and logged as soon as its outcome is known.
 
 from __future__ import annotations
 
-import itertools
+import logging
 import os
 import queue
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +23,13 @@ import numpy as np
 from dispatchtune.candidate import Candidate
 from dispatchtune.datasets.records import (
     BASELINE_ID,
+    MAX_ATTEMPTS,
     RecordKind,
     ResultRecord,
     ResultsLog,
+    latest_attempts,
     read_results,
+    transient_failure,
 )
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.measure.benchfile import (
@@ -50,6 +54,44 @@ from dispatchtune.targets import Target
 from dispatchtune.toolchain import iree_compiler_version
 from dispatchtune.tuner.options import TuneOptions
 from dispatchtune.tuner.report import summarize, usable_candidates
+
+logger = logging.getLogger(__name__)
+
+
+def latest_confirmation(
+    records: Sequence[ResultRecord], problem_key: str, target: str
+) -> tuple[list[ResultRecord], bool]:
+    """The confirm records of a dispatch's latest confirmation, and whether it ran to the end.
+
+    Each confirm record carries its confirmation's plan (rounds x finalists); fewer records than
+    planned means the run was interrupted. Logs written before the plan was recorded count as
+    complete, as they always did.
+    """
+    confirms = [r for r in records if r.is_confirm and r.belongs_to(problem_key, target)]
+    if not confirms:
+        return [], True
+    latest = [r for r in confirms if r.session == confirms[-1].session]
+    planned = latest[-1].confirm_rounds * latest[-1].confirm_finalists
+    return latest, planned == 0 or len(latest) >= planned
+
+
+def decided_records(
+    records: Sequence[ResultRecord], problem_keys: Sequence[str], target: str
+) -> list[ResultRecord]:
+    """The records a report decides from: superseded failed attempts and all but each dispatch's
+    latest complete confirmation left out; an incomplete one is warned about, never used."""
+    records = latest_attempts(records)
+    keep: set[int] = set()
+    for key in problem_keys:
+        latest, complete = latest_confirmation(records, key, target)
+        if complete:
+            keep.update(id(r) for r in latest)
+        else:
+            logger.warning(
+                "%s: the confirmation was interrupted (%d of %d measurements); the best candidate "
+                "is chosen from screening alone: rerun the same command to confirm it",
+                key[:40], len(latest), latest[-1].confirm_rounds * latest[-1].confirm_finalists)
+    return [r for r in records if not r.is_confirm or id(r) in keep]
 
 
 # ---- per-device state -------------------------------------------------------------------------
@@ -134,13 +176,18 @@ class DispatchTuner:
         # Candidates are known by their configuration, not their id: ids are rows of one
         # enumeration, and a configuration logged under another enumeration is still done.
         mine = [r for r in history if r.is_candidate and r.belongs_to(self.problem.key, target.name)]
-        self.done = {r.compilation_info for r in mine}
+        attempts: dict[str, list[ResultRecord]] = defaultdict(list)
+        for r in mine:
+            attempts[r.compilation_info].append(r)
+        # Done: measured, failed for good, or out of attempts; the rest is tried again.
+        self.done = {info for info, tries in attempts.items() if not self._retry(tries)}
         self.benchmarked = sum(1 for r in mine if self._counts(r))
         # Binaries built by earlier runs count for dedup too (same compiler, same input).
         for r in mine:
             if r.compile_status == "ok" and r.binary_sha256:
                 self.registry.claim(r.binary_sha256, r.candidate_id)
         self.space_digest = ""  # of the source's enumeration, set when the run starts
+        self._attempts_left = 0  # candidates this run may still try (set by `run`)
         self.reference: np.ndarray | None = None
         self.call: Call | None = None
         self.verify_note = ""
@@ -149,6 +196,21 @@ class DispatchTuner:
         self.baseline_vmfb = work_dir / "baseline" / "dispatch.vmfb"
         self.baseline_compile_s = 0.0
         self.baseline_sha = ""
+
+    def _retry(self, tries: Sequence[ResultRecord]) -> bool:
+        """Whether a logged candidate is tried again: every failure with `retry_failed`, else
+        failures that may be transient, up to `MAX_ATTEMPTS` tries (a timeout under a smaller
+        compile timeout than this run's is not counted: a larger one is a new chance)."""
+        if any(not t.failed for t in tries):
+            return False
+        if self.options.retry_failed:
+            return True
+        if not all(t.may_be_transient for t in tries):
+            return False
+        counted = [t for t in tries if not (
+            t.compile_status == "timeout" and t.compile_timeout_s is not None
+            and t.compile_timeout_s < self.options.compile_timeout_s)]
+        return len(counted) < MAX_ATTEMPTS
 
     def _counts(self, record: ResultRecord) -> bool:
         """Whether a logged candidate used up budget (was benchmarked; compile-only: was built)."""
@@ -302,14 +364,29 @@ class DispatchTuner:
             )
 
     # -- confirmation ---------------------------------------------------------------------------
+    def _logged(self) -> list[ResultRecord]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
+            return latest_attempts(read_results(self.log.path))
+
+    def reconfirm_if_interrupted(self, progress: Any) -> None:
+        """Redo a confirmation that an interrupted run left incomplete (see `latest_confirmation`)."""
+        if self.options.compile_only or self.options.confirm_top <= 0:
+            return
+        _, complete = latest_confirmation(self._logged(), self.problem.key, self.target.name)
+        if complete:
+            return
+        progress.write(f"the confirmation of {self.problem.key} was interrupted: redoing it")
+        if not self.baseline_vmfb.exists():
+            self._prepare_baseline()
+        self._confirm(progress)
+
     def _confirm(self, progress: Any) -> None:
         """Re-measure the best candidates in rounds interleaved with the default config."""
         top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
         if top_n <= 0 or rounds <= 0:
             return
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # corrupt lines were reported when the run started
-            records = list(read_results(self.log.path))
+        records = self._logged()
         frame = summarize(
             records, self.problem, self.target, self.options.min_speedup, self.options.estimator
         ).frame
@@ -334,6 +411,8 @@ class DispatchTuner:
             built = ctx.compile(self.prepared.benchmark, spec, vmfb, with_target_flags=False)
             if built.ok:
                 binaries.append((row, vmfb))
+        if not binaries:
+            return
         device = self.devices[0]
         progress.write(
             f"confirming the {len(binaries)} best candidate(s) of {self.problem.key}: "
@@ -364,6 +443,9 @@ class DispatchTuner:
                             times_ms=run.times_ms,
                             baseline_times_ms=base,
                             verify_status=str(row.get("verify_status", "skipped")),
+                            confirm_round=round_index,
+                            confirm_rounds=rounds,
+                            confirm_finalists=len(binaries),
                         )
                     )
             self._measure_baseline(device)
@@ -383,59 +465,88 @@ class DispatchTuner:
             "compilation_info": candidate.compilation_info,
         }
 
-    def _record_compile_only(self, compiled: CompileOutcome) -> None:
-        self._append(
-            self._record(
-                device="",
-                compile_status=compiled.status,
-                compile_error=compiled.error,
-                compile_time_s=compiled.compile_time_s,
-                binary_sha256=compiled.sha256,
-                duplicate_of=compiled.duplicate_of,
-                **self._candidate_fields(compiled.candidate),
-            )
+    def _compile_record(self, compiled: CompileOutcome) -> ResultRecord:
+        return self._record(
+            device="",
+            compile_status=compiled.status,
+            compile_error=compiled.error,
+            compile_time_s=compiled.compile_time_s,
+            compile_timeout_s=self.options.compile_timeout_s,
+            binary_sha256=compiled.sha256,
+            duplicate_of=compiled.duplicate_of,
+            transient=transient_failure(compiled.status, compiled.error),
+            **self._candidate_fields(compiled.candidate),
         )
 
-    def _record_bench(self, bench: BenchResult) -> ResultRecord:
+    def _bench_record(self, bench: BenchResult) -> ResultRecord:
         compiled = bench.compiled
-        record = self._record(
-                device=bench.device,
-                compile_status="ok",
-                compile_time_s=compiled.compile_time_s,
-                binary_sha256=compiled.sha256,
-                bench_status=bench.status,
-                bench_error=bench.error,
-                times_ms=bench.times_ms,
-                baseline_times_ms=bench.baseline_times_ms,
-                verify_status=bench.verify_status,
-                verify_error=bench.verify_error,
-                max_abs_error=bench.max_abs_error,
-                **self._candidate_fields(compiled.candidate),
+        return self._record(
+            device=bench.device,
+            compile_status="ok",
+            compile_time_s=compiled.compile_time_s,
+            compile_timeout_s=self.options.compile_timeout_s,
+            binary_sha256=compiled.sha256,
+            bench_status=bench.status,
+            bench_error=bench.error,
+            times_ms=bench.times_ms,
+            baseline_times_ms=bench.baseline_times_ms,
+            verify_status=bench.verify_status,
+            verify_error=bench.verify_error,
+            max_abs_error=bench.max_abs_error,
+            transient=transient_failure(bench.status, bench.error),
+            **self._candidate_fields(compiled.candidate),
         )
-        self._append(record)
-        return record
 
-    def _candidates(self, source: CandidateSource) -> Iterator[Candidate]:
-        """The source's candidates this run has not tried yet, at most `max_attempts` of them."""
-        attempts = self.options.max_attempts or 4 * self.options.budget + 8
-        while attempts > 0 and (candidate := source.ask()) is not None:
+    def _settle(self, source: CandidateSource, candidate: Candidate, record: ResultRecord) -> None:
+        """Tell the source a measured or failed candidate's outcome, then log it.
+
+        The source hears first: a shared study then holds the result before the log does, so a
+        kill between the two never lets another worker measure the candidate again (the study
+        keeps the record for this worker's next start, `OnlineSource.recovered`).
+        """
+        if self.stop.is_set():  # results of an interrupted run's killed children are void
+            return
+        time_ms = record.learned_time(self.options.estimator)
+        tell_record = getattr(source, "tell_record", None)  # sources that keep whole records
+        if tell_record is not None:
+            tell_record(candidate, record, time_ms)
+        else:
+            source.tell(candidate, time_ms)
+        self.done.add(candidate.compilation_info)
+        self._append(record)
+
+    def _next_candidate(self, source: CandidateSource) -> Candidate | None:
+        """The source's next candidate this output directory has not settled, within the attempts."""
+        while self._attempts_left > 0 and (candidate := source.ask()) is not None:
             if candidate.compilation_info in self.done:
                 source.skip(candidate)  # this output directory already holds its result
                 continue
-            attempts -= 1
-            yield candidate
+            self._attempts_left -= 1
+            return candidate
+        return None
+
+    def _log_recovered(self, source: CandidateSource) -> None:
+        """Log results a shared study holds for this worker but its log lost (a kill between)."""
+        for record in getattr(source, "recovered", ()):
+            if record.compilation_info in self.done:
+                continue
+            self._append(record)
+            self.done.add(record.compilation_info)
+            self.benchmarked += self._counts(record)
+            logger.info("%s: candidate %d's result restored from the study to the log",
+                        self.problem.key[:40], record.candidate_id)
 
     def run(self, source: CandidateSource, progress: Any) -> None:
         """Try the source's candidates until the budget is spent, telling it every outcome."""
         budget = self.options.budget
+        self._log_recovered(source)
         if self.benchmarked >= budget:
             return
         self.space_digest = source.space_digest
-        pending: Iterator[Candidate] = self._candidates(source)
-        first = next(pending, None)
+        self._attempts_left = self.options.max_attempts or 4 * budget + 8
+        first = self._next_candidate(source)
         if first is None:
             return
-        pending = itertools.chain([first], pending)
         self._prepare_baseline()
         if not self.options.compile_only:
             for device in self.devices:
@@ -446,7 +557,8 @@ class DispatchTuner:
             free.put(device)
         compiles: dict[Future[CompileOutcome], Candidate] = {}
         benches: dict[Future[BenchResult], CompileOutcome] = {}
-        exhausted = False
+        waiting = False  # the source had nothing to give until something in flight ends
+        ready: Candidate | None = first
         compile_pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="dt-compile")
         bench_pool = ThreadPoolExecutor(len(self.devices), thread_name_prefix="dt-bench")
         try:
@@ -454,34 +566,41 @@ class DispatchTuner:
                 # Keep the compile workers busy with the next batch while benchmarks run, but do
                 # not build far more binaries than the budget can still use.
                 while (
-                    not exhausted
+                    not waiting
                     and len(compiles) < 2 * self.jobs
                     and self.benchmarked + len(benches) + len(compiles) < budget + self.jobs
                 ):
-                    candidate = next(pending, None)
+                    candidate = ready or self._next_candidate(source)
+                    ready = None
                     if candidate is None:
-                        exhausted = True
+                        waiting = True
                         break
                     compiles[compile_pool.submit(compile_candidate, ctx, candidate)] = candidate
                 if not benches and (not compiles or self.benchmarked >= budget):
                     break
                 in_flight: list[Future[Any]] = [*compiles, *benches]
                 done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                # A source with no stop reason (a shared study whose budget is held by claims,
+                # some of them ours) may have more once these outcomes are told.
+                waiting = waiting and (bool(source.stop_reason) or self._attempts_left <= 0)
                 for future in done:
                     if future in compiles:
                         del compiles[future]
                         compiled = future.result()  # type: ignore[assignment]
                         assert isinstance(compiled, CompileOutcome)
                         if compiled.status != "ok":
-                            self._record_compile_only(compiled)
                             progress.note_compile(compiled.status)
                             if compiled.status == "duplicate":
+                                self._append(self._compile_record(compiled))
+                                self.done.add(compiled.candidate.compilation_info)
                                 source.skip(compiled.candidate)
                             else:
-                                source.tell(compiled.candidate, None)
+                                self._settle(source, compiled.candidate,
+                                             self._compile_record(compiled))
                         elif self.options.compile_only:
                             if self.benchmarked < budget:
-                                self._record_compile_only(compiled)
+                                self._append(self._compile_record(compiled))
+                                self.done.add(compiled.candidate.compilation_info)
                                 self.benchmarked += 1
                                 progress.note_built(compiled)
                                 source.skip(compiled.candidate)  # built and logged: done
@@ -503,11 +622,9 @@ class DispatchTuner:
                         del benches[future]
                         bench = future.result()
                         assert isinstance(bench, BenchResult)
-                        record = self._record_bench(bench)
+                        self._settle(source, bench.compiled.candidate, self._bench_record(bench))
                         self.benchmarked += 1
                         progress.note_bench(bench)
-                        source.tell(bench.compiled.candidate,
-                                    record.learned_time(self.options.estimator))
                         if bench.verify_status == "mismatch":
                             progress.write(
                                 f"MISCOMPILE: candidate {bench.compiled.candidate.candidate_id} "

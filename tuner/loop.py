@@ -29,7 +29,7 @@ import sys
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from dispatchtune.datasets.records import (
     ResultsLog,
     read_results,
 )
-from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.errors import DispatchTuneError, InputError, StorageLost
 from dispatchtune.measure.benchfile import (
     PreparedDispatch,
     dump_dispatch_benchmarks,
@@ -48,11 +48,11 @@ from dispatchtune.measure.benchfile import (
     prepare_dispatch,
 )
 from dispatchtune.measure.devices import parse_devices, remote_runners
-from dispatchtune.measure.remote import RemoteError
+from dispatchtune.measure.remote import RemoteError, RemoteRunner
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
-from dispatchtune.tuner.dispatch import DispatchTuner
+from dispatchtune.tuner.dispatch import DispatchTuner, decided_records
 from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions
 from dispatchtune.tuner.progress import Progress
 from dispatchtune.tuner.report import TuneResult, write_outputs
@@ -107,6 +107,9 @@ def candidate_source(
         patience=options.stop_patience,
         estimator=options.estimator,
         history=history,
+        lease_s=options.lease_s,
+        retry_failed=options.retry_failed,
+        compile_timeout_s=options.compile_timeout_s,
     )
 
 
@@ -140,9 +143,46 @@ def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[Prepa
     return prepared
 
 
+LOCK_FILE = ".dispatchtune.lock"
+
+
+@contextmanager
+def locked_output_dir(out: Path) -> Iterator[None]:
+    """Hold `out` for this process: a second run on it fails at once, naming the holder.
+
+    An `fcntl.flock` on a lock file in the directory, held for the run: the kernel drops it when
+    the process dies however it dies, so a dead run's lock is simply taken over. The file says
+    who holds it (pid and host), for the message only.
+    """
+    import fcntl
+
+    path = out / LOCK_FILE
+    handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().split()
+            pid, host = [*holder, "?", "?"][:2]
+            raise InputError(f"output directory {out} is in use by pid {pid} on host {host}") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        handle.flush()
+        yield
+    finally:
+        handle.close()  # releases the lock
+
+
 @contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C so a killed run stops cleanly with its log consistent."""
+    """Treat SIGTERM like Ctrl-C so a killed run stops cleanly with its log consistent.
+
+    The handler raises in the main thread, which is never blocked for long in a call that does
+    not return to Python: database calls have timeouts (`search.optuna_search.open_storage`)
+    and waits poll.
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -179,6 +219,21 @@ def tune(
         target.check_runs_here()  # only devices on this machine need this CPU to run the code
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # Remote devices are connected (and their runtime version checked) before anything is built;
+    # their connections serve every dispatch of the run.
+    with (locked_output_dir(out), _sigterm_as_interrupt(),
+          remote_runners(devices, connect=not options.compile_only) as runners):
+        return _tune(Path(path), target, out, options, candidates, runners)
+
+
+def _tune(
+    path: Path,
+    target: Target,
+    out: Path,
+    options: TuneOptions,
+    candidates: Sequence[Candidate] | CandidateFactory | None,
+    runners: Mapping[str, RemoteRunner],
+) -> TuneResult:
     results_path = out / "results.jsonl"
     history = list(read_results(results_path))
     log = ResultsLog(results_path)
@@ -189,51 +244,51 @@ def tune(
     else:
         mode = "bar" if options.progress else "off"
     not_tuned: dict[str, str] = {}
-    # Remote devices are connected (and their runtime version checked) before anything is built;
-    # their connections serve every dispatch of the run.
-    with _sigterm_as_interrupt(), remote_runners(devices, connect=not options.compile_only) as runners:
-        prepared = prepare_dispatches(Path(path), target, work)
-        for dispatch in prepared:
-            problem = dispatch.problem
-            tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
-                                  runners=runners)
-            source: CandidateSource | None = None
-            progress = Progress(
-                options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
-            )
-            try:
-                if tuner.benchmarked < options.budget:  # else resumed with the budget spent
-                    if candidates is None:
-                        source = candidate_source(problem, target, options, out, history)
-                    elif callable(candidates):
-                        source = candidates(problem, target, options)
-                    else:
-                        source = StaticOrder(candidates)
-                    tuner.run(source, progress)
-            except RemoteError:
-                raise  # a device host that stays unreachable stops the run; re-running resumes
-            except DispatchTuneError as exc:
-                # One dispatch that cannot be tuned (an op the search does not cover, a default
-                # build that fails) must not throw away the others' work.
-                not_tuned[problem.key] = str(exc)
-                logger.warning("%s: not tuned: %s", problem.key[:40], exc)
-            finally:
-                progress.close()
-                if source is not None:
-                    source.close()  # an online source hands its open claims back to the study
-                    if source.stop_reason and mode != "off":
-                        logger.info("%s: search stopped: %s", problem.key[:40], source.stop_reason)
-            if not options.keep_binaries:
-                # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
-                for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
-                    for leftover in (work / problem.key).glob(pattern):
-                        leftover.unlink(missing_ok=True)
+    prepared = prepare_dispatches(path, target, work)
+    for dispatch in prepared:
+        problem = dispatch.problem
+        tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
+                              runners=runners)
+        source: CandidateSource | None = None
+        progress = Progress(
+            options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
+        )
+        try:
+            if tuner.benchmarked < options.budget:  # else resumed with the budget spent
+                if candidates is None:
+                    source = candidate_source(problem, target, options, out, history)
+                elif callable(candidates):
+                    source = candidates(problem, target, options)
+                else:
+                    source = StaticOrder(candidates)
+                tuner.run(source, progress)
+            tuner.reconfirm_if_interrupted(progress)
+        except (RemoteError, StorageLost):
+            # A device host that stays unreachable, or the study storage, stops the run: every
+            # later dispatch needs them too. Re-running resumes.
+            raise
+        except DispatchTuneError as exc:
+            # One dispatch that cannot be tuned (an op the search does not cover, a default
+            # build that fails) must not throw away the others' work.
+            not_tuned[problem.key] = str(exc)
+            logger.warning("%s: not tuned: %s", problem.key[:40], exc)
+        finally:
+            progress.close()
+            if source is not None:
+                source.close()  # an online source hands its open claims back to the study
+                if source.stop_reason and mode != "off":
+                    logger.info("%s: search stopped: %s", problem.key[:40], source.stop_reason)
+        if not options.keep_binaries:
+            # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
+            for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
+                for leftover in (work / problem.key).glob(pattern):
+                    leftover.unlink(missing_ok=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
         records = list(read_results(results_path))
-    result = write_outputs(
-        records, [d.problem for d in prepared], target, out, options, not_tuned=not_tuned
-    )
+    problems = [d.problem for d in prepared]
+    records = decided_records(records, [p.key for p in problems], target.name)
+    result = write_outputs(records, problems, target, out, options, not_tuned=not_tuned)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)
     return result

@@ -54,6 +54,11 @@ class TuneOptions:
     # the budget then counts candidates built; no baseline runs, no verification, no spec.
     compile_only: bool = False
     estimator: str = "min"  # time of one measurement from its repetitions: min | median
+    # Failed candidates are tried again by later runs when the failure may be transient (a
+    # timeout, a crash, a full disk), up to datasets.records.MAX_ATTEMPTS; this retries all.
+    retry_failed: bool = False
+    # Online search: seconds without a heartbeat after which a worker's claim is taken back.
+    lease_s: int = 30
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
     def validate(self) -> None:
@@ -69,6 +74,8 @@ class TuneOptions:
             raise DispatchTuneError(f"--estimator must be one of {', '.join(ESTIMATORS)}")
         if self.order == "online" and self.compile_only:
             raise DispatchTuneError("--order online learns from benchmarks; it cannot run --compile-only")
+        if self.lease_s < 2:
+            raise DispatchTuneError("--lease must be at least 2 seconds")
         parse_devices(self.devices, self.runner, "local-sync")  # one-line error for a bad entry
         if self.stop_patience < 0 or self.time_limit_s < 0:
             raise DispatchTuneError("--stop-patience and --time-limit must be >= 0")
