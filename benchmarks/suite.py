@@ -14,7 +14,8 @@ Peers do not depend on dispatchtune's search, so they are computed once and chec
 --output-dir (Kernel Tuner run by run, as in `benchmarks/peers.py`; each harness order in its own
 file keyed on its seeds and budget); `--fresh online` replays the online search again after a change.
 TPE (about a minute per run of 1,000 trials on two shared cores) takes `--tpe-seeds` seeds and a
-`--tpe-budget` benchmark cap; a run that misses within the cap counts as a miss.
+`--tpe-budget` benchmark cap (a run that misses within the cap counts as a miss), and Kernel Tuner's
+Bayesian optimisation (up to minutes per run) `--bo-seeds` seeds; both run after the others.
 
 Prints, per space: each method's median (a miss counts as never: "miss" when fewer than half the
 runs hit), hit rates within 50 and 200, and the online search's ratio to the best peer; writes
@@ -150,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--tpe-seeds", type=int, default=10)
     parser.add_argument("--tpe-budget", type=int, default=300)
+    parser.add_argument("--bo-seeds", type=int, default=3,
+                        help="seeds of Kernel Tuner's bayes_opt (minutes per run on 2 cores)")
     parser.add_argument("--max-benchmarks", type=int, default=1000)
     parser.add_argument("--spaces", type=Path, nargs="+", metavar="CACHE")
     parser.add_argument("--orders", nargs="*", default=[*PEER_ORDERS, *OURS])
@@ -164,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.output_dir.mkdir(parents=True, exist_ok=True)
         seeds = list(range(args.seeds))
         parts = []
-        if args.strategies:
-            parts.append(kernel_tuner_part(spaces, args.strategies, seeds, 0.05, args.max_benchmarks,
+        cheap = [s for s in args.strategies if s != "bayes_opt"]
+        if cheap:
+            parts.append(kernel_tuner_part(spaces, cheap, seeds, 0.05, args.max_benchmarks,
                                            args.output_dir, full_bayes_opt=False))
         for order in args.orders:
             tpe = order == "tpe"
@@ -173,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spaces, order, list(range(args.tpe_seeds)) if tpe else seeds,
                 min(args.tpe_budget, args.max_benchmarks) if tpe else args.max_benchmarks,
                 args.output_dir, fresh=order in args.fresh))
+        if "bayes_opt" in args.strategies:  # last: the slowest peer
+            parts.append(kernel_tuner_part(spaces, ["bayes_opt"], list(range(args.bo_seeds)), 0.05,
+                                           args.max_benchmarks, args.output_dir, full_bayes_opt=False))
     except DispatchTuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -48,6 +48,8 @@ class OnlineSettings:
     local_incumbents: int = 3  # the local step searches around this many best measured
     evolve_every: int = 4  # every n-th ask after the first refit breeds from the best (0: never)
     parents: int = 5  # evolutionary moves breed from this many best measured
+    opinion_every: int = 2  # before the first refit, every n-th ask follows another prior (0: never)
+    prior_steps: bool = True  # follow the trusted priors' order on some asks after the first refit
     prior_belief: float = 4.0  # measurements the given prior's trust is worth before evidence
 
 
@@ -92,6 +94,7 @@ class OnlineSearch:
         self.belief = np.zeros(len(named))
         self.belief[0] = 1.0
         self.weights = self.belief.copy()  # each prior's current weight (`_prior_weights`)
+        self._tiebreak = 1e-9 * self.rng.random(x.shape[0])  # seeded order among equal scores
         # The priors become more columns: the forest learns where to trust each.
         self.x = np.nan_to_num(np.column_stack([x, self.priors_z]), nan=0.0, posinf=0.0, neginf=0.0)
         n = x.shape[0]
@@ -187,6 +190,16 @@ class OnlineSearch:
         if successes < settings.min_fit:
             return self._next_initial(free)
         self._asks += 1
+        acquisition, _ = self._scores()
+        # A prior step: the next candidate in the priors' combined order, as often as the priors
+        # are trusted (their best rank agreement so far) and not yet outweighed by the run's own
+        # model. A prior that ranks the best tenth keeps reaching it while the forest, fitted on
+        # a handful of points, would wander off.
+        n = self.n_told
+        trust = float(self.weights.max()) ** 2 * (1.0 - n / (n + max(1, settings.prior_halflife)))
+        if settings.prior_steps and self.rng.random() < trust:
+            combined = self.priors_z @ self.weights + self._tiebreak
+            return int(np.argmax(np.where(free, combined, -np.inf)))
         if settings.evolve_every and self._asks % settings.evolve_every == 1 % settings.evolve_every:
             row = self._next_evolved(free)
             if row is not None:
@@ -197,15 +210,19 @@ class OnlineSearch:
                 return row
         if self.rng.random() < settings.random_fraction:
             return int(self.rng.choice(np.flatnonzero(free)))
-        acquisition, _ = self._scores()
         return int(np.argmax(np.where(free, acquisition, -np.inf)))
 
     def _next_initial(self, free: np.ndarray) -> int:
-        """Before the first refit: the given prior's top, every other opinion's top in turn (every
-        other ask); this spread is what the priors' trust is first measured on."""
+        """Before the first refit: the given prior's top, and on every `opinion_every`-th ask
+        the next other opinion's top or a uniformly random candidate, in turn. The spread is what
+        the priors' trust is first measured on, and gives the forest more than one region."""
         turn = self.n_told + len(self.pending)
-        others = len(self._prior_orders) - 1
-        pick = 0 if turn < 2 or turn % 2 == 0 or not others else 1 + (turn // 2) % others
+        every = self.settings.opinion_every
+        if not every or turn < 2 or turn % every:
+            return int(next(row for row in self._prior_order if free[row]))
+        pick = 1 + (turn // every - 1) % len(self._prior_orders)
+        if pick == len(self._prior_orders):
+            return int(self.rng.choice(np.flatnonzero(free)))
         return int(next(row for row in self._prior_orders[pick] if free[row]))
 
     def _next_evolved(self, free: np.ndarray) -> int | None:
