@@ -68,8 +68,9 @@ def harness_rows(
     for space in loaded:
         if space.problem in set(done["problem"]):
             continue
+        # Only the count to the threshold is scored: online runs end at their first hit.
         rows = harness.replay_spaces(loaded, [order], list(seeds), max_benchmarks=max_benchmarks,
-                                     progress=False, only=[space.problem])
+                                     progress=False, only=[space.problem], stop_at_hit=True)
         if rows.empty:  # the order does not apply here: remember that with a marker row
             rows = pd.DataFrame([{**dict.fromkeys(harness.COLUMNS, 0), "problem": space.problem,
                                   "device": space.device, "order": order, "seed": -1,

@@ -183,12 +183,12 @@ def _online_priors(space: ReplaySpace, models: _Models) -> tuple[np.ndarray, dic
 
 
 def _online_order(space: ReplaySpace, priors: tuple[np.ndarray, dict[str, np.ndarray]], seed: int,
-                  limit: int) -> np.ndarray:
+                  limit: int, stop: np.ndarray | None = None) -> np.ndarray:
     from dispatchtune.search.online import OnlineSearch, replay
 
     features = space.features if space.features is not None else pd.DataFrame(index=space.knobs.index)
     search = OnlineSearch(features, priors[0], seed=seed, knobs=space.knobs, priors=priors[1])
-    return replay(search, space.times, max_benchmarks=limit)
+    return replay(search, space.times, max_benchmarks=limit, stop=stop)
 
 
 def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, int]:
@@ -255,10 +255,12 @@ def replay_spaces(
     split: str = "problem",
     progress: bool = True,
     only: Sequence[str] | None = None,
+    stop_at_hit: bool = False,
 ) -> pd.DataFrame:
     """One row per (space, order, seed): see `COLUMNS`. Orders without what they need are skipped.
 
     `only` names the spaces to replay (default: all); the others still train learned models.
+    `stop_at_hit` ends online runs at their first hit (same count, shorter `evaluated` and curve).
     """
     unknown = [o for o in orders if o not in EVALUATION_ORDERS]
     if unknown:
@@ -287,7 +289,8 @@ def replay_spaces(
                 order = np.random.default_rng(seed).permutation(space.n)[:limit]
             elif name == "online":
                 assert priors is not None
-                order = _online_order(space, priors, seed, limit)
+                stop = space.good(threshold) if stop_at_hit else None
+                order = _online_order(space, priors, seed, limit, stop)
             elif name == "tpe":
                 order, invalid = _tpe_order(space, seed, limit)
             else:

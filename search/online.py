@@ -380,9 +380,12 @@ def _zscore(values: np.ndarray) -> np.ndarray:
 
 
 def replay(
-    search: OnlineSearch, times: Any, max_benchmarks: int | None = None, batch: int = 1
+    search: OnlineSearch, times: Any, max_benchmarks: int | None = None, batch: int = 1,
+    stop: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Drive `search` against measured `times` (inf/NaN = failed); returns the rows in asked order."""
+    """Drive `search` against measured `times` (inf/NaN = failed); returns the rows in asked order.
+
+    With a boolean mask `stop`, the replay ends once a row it marks has been measured."""
     measured = np.asarray(times, dtype=np.float64)
     if measured.shape != (search.n_candidates,):
         raise InputError(f"{measured.size} times for {search.n_candidates} candidates")
@@ -396,4 +399,6 @@ def replay(
             value = measured[row]
             search.tell(row, float(value) if np.isfinite(value) else None)
         order.extend(rows)
+        if stop is not None and bool(stop[rows].any()):
+            break
     return np.asarray(order, dtype=np.int64)
