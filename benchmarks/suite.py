@@ -110,7 +110,7 @@ def comparison(table: pd.DataFrame, ours: str = "online") -> pd.DataFrame:
         mine = group[group["order"] == ours]
         if mine.empty or peers.empty:
             continue
-        best = peers.loc[peers["median"].idxmin()]
+        best = peers.iloc[int(np.argmin(peers["median"].to_numpy(dtype=np.float64)))]
         m = mine.iloc[0]
         out.append({
             "space": problem, "ours": m["median"], "hit@50": m["hit@50"], "hit@200": m["hit@200"],
@@ -139,7 +139,8 @@ def wide(table: pd.DataFrame, column: str) -> pd.DataFrame:
     pivot = table.pivot(index="problem", columns="order", values=column)
     order = [o for o in (*PEER_ORDERS, "kt_genetic_algorithm", "kt_dual_annealing", "kt_pso",
                          "kt_bayes_opt", *OURS) if o in pivot.columns]
-    return pivot[order].reset_index()
+    # A method that does not apply to a space (gbm without features) is "n/a", not a miss.
+    return pivot[order].astype(object).where(pivot[order].notna(), "n/a").reset_index()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -141,11 +141,12 @@ class _Models:
                  and not (self.split == "device" and s.device == space.device)]
         if not train:
             return None
-        parts = [s.knobs[names].assign(_y=normal_scores(-s.times)).groupby(names, as_index=False)
-                 ["_y"].max() for s in train]
+        parts = [s.knobs.loc[:, names].assign(_y=normal_scores(-s.times))
+                 .groupby(names, as_index=False).agg(_y=("_y", "max")) for s in train]
         data = pd.concat(parts, ignore_index=True)
         # One encoding for training and scored rows (category codes must agree).
-        both = pd.concat([data[names], space.knobs[names]], ignore_index=True)
+        both: pd.DataFrame = pd.concat([data.loc[:, names], space.knobs.loc[:, names]],
+                                       ignore_index=True)
         x = np.column_stack([numeric_knobs(both), power_of_two_part(both)])
         model = ExtraTreesRegressor(n_estimators=64, min_samples_leaf=3, max_features=0.5,
                                     random_state=0, n_jobs=1).fit(x[: len(data)], data["_y"])
