@@ -218,7 +218,8 @@ class OnlineSearch:
         the priors' trust is first measured on, and gives the forest more than one region."""
         turn = self.n_told + len(self.pending)
         every = self.settings.opinion_every
-        if not every or turn < 2 or turn % every:
+        # A single prior (no portfolio) keeps its order until the first refit.
+        if not every or turn < 2 or turn % every or len(self._prior_orders) == 1:
             return int(next(row for row in self._prior_order if free[row]))
         pick = 1 + (turn // every - 1) % len(self._prior_orders)
         if pick == len(self._prior_orders):
