@@ -163,7 +163,8 @@ class CacheReplay:
             except (ValueError, KeyError, TypeError) as exc:
                 raise InputError(f"corrupt Kernel Tuner cache {cache}: {exc}") from exc
             self.kernel_name = str(header["kernel_name"])
-            self.problem_size = tuple(header["problem_size"])
+            size = header["problem_size"]  # a list, or one int (pnpoly)
+            self.problem_size = tuple(size) if isinstance(size, (list, tuple)) else (size,)
             self.present = frozenset(header["cache"])
         except BaseException:
             self._tmp.cleanup()

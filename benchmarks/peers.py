@@ -94,7 +94,8 @@ def kernel_tuner_part(
     from dispatchtune.benchmarks.kerneltuner_peers import COLUMNS, kernel_tuner_rows, typed_rows
     from dispatchtune.datasets.kerneltuner import load_kerneltuner
 
-    stop = [] if full_bayes_opt else [s for s in strategies if s == "bayes_opt"]
+    # The same for every subset of strategies, so runs of some strategies share one checkpoint.
+    stop = [] if full_bayes_opt else ["bayes_opt"]
     settings = {"threshold": threshold, "max_benchmarks": max_benchmarks, "stop_at_hit": stop}
     checkpoint, meta = out_dir / "kerneltuner_rows.csv", out_dir / "kerneltuner_rows.json"
     done = pd.DataFrame(columns=list(COLUMNS))

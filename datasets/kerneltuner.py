@@ -9,6 +9,9 @@ header's `tune_params_keys`), `GFLOP/s`, `time_ms` (NaN when invalid), `valid`, 
 `device`. The mapping of a CLBlast-style GEMM space (MWG, NWG, KWG, ...) onto the feature
 vocabulary lives above this layer, in `dispatchtune.features.kerneltuner`.
 
+`problem_size` may be a list or a single int (pnpoly), `device_name` may be empty or any string,
+and parameters of any kernel load: numeric ones as numbers, others (strings) as they are.
+
 The GEMM's M and N are the header's `problem_size`; K is not in the header, so it is recovered from
 the measured `GFLOP/s` and `time` (FLOPs = 2*M*N*K), falling back to K = M when those are missing
 (`KernelTunerSpace.gemm`).
@@ -79,10 +82,12 @@ class KernelTunerSpace:
 
     def label(self) -> str:
         """The space's name in reports: "<device> GEMM MxNxK", else "<device> <kernel> <size>"."""
+        # An empty device name would make two devices' caches of one kernel the same space.
+        device = self.device_name or f"unknown device ({Path(self.path).name})"
         if self.is_gemm:
             g = self.gemm()
-            return f"{self.device_name} GEMM {g.m}x{g.n}x{g.k}"
-        return f"{self.device_name} {self.kernel_name} {'x'.join(map(str, self.problem_size))}"
+            return f"{device} GEMM {g.m}x{g.n}x{g.k}"
+        return f"{device} {self.kernel_name} {'x'.join(map(str, self.problem_size))}"
 
 
 def _recover_k(table: pd.DataFrame, m: int, n: int) -> int:
@@ -95,6 +100,25 @@ def _recover_k(table: pd.DataFrame, m: int, n: int) -> int:
             step = int(table["KWG"].max()) if "KWG" in table else 1
             return int(max(step, round(estimate / step) * step))
     return m
+
+
+def _problem_size(raw: object) -> tuple[int, ...]:
+    """The header's `problem_size`: a list of ints or one int (e.g. pnpoly's point count)."""
+    if isinstance(raw, (int, float, str)):
+        raw = [raw]
+    if not isinstance(raw, (list, tuple)):
+        raise TypeError(f"problem_size {raw!r}")
+    return tuple(int(s) for s in raw)
+
+
+def _parameter_column(column: pd.Series) -> pd.Series:
+    """A parameter's values: numbers where they all are numbers, else the values as strings."""
+    try:
+        return pd.to_numeric(column)
+    except (TypeError, ValueError):
+        if column.isna().any() or column.map(lambda v: isinstance(v, (dict, list))).any():
+            raise
+        return column.astype(str)
 
 
 def _read_json(path: Path) -> dict[str, object]:
@@ -121,7 +145,7 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
         cache = data["cache"]
         device = str(data.get("device_name", ""))
         kernel = str(data.get("kernel_name", ""))
-        size = tuple(int(s) for s in data.get("problem_size", ()))  # type: ignore[attr-defined]
+        size = _problem_size(data.get("problem_size", ()))
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(f"corrupt Kernel Tuner cache {path}: missing or bad header {exc}") from exc
     if not isinstance(cache, dict) or not cache:
@@ -130,7 +154,7 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
     try:
         table = pd.DataFrame.from_records(list(cache.values()), columns=wanted)
         for key in keys:
-            table[key] = pd.to_numeric(table[key])
+            table[key] = _parameter_column(table[key])
     except (TypeError, ValueError) as exc:
         raise InputError(f"corrupt Kernel Tuner cache {path}: bad configuration entry ({exc})") from exc
     if table[list(keys)].isna().any().any():

@@ -11,10 +11,12 @@ Orders:
 - `random`: a seeded uniform permutation (its exact expectation is in every row too);
 - `heuristic`: the handwritten model, ties broken by the seed (on a space without features, e.g.
   Kernel Tuner's convolution, the knob heuristic: power-of-two sizes first);
+- `knobs`: the knob heuristic (power-of-two size knobs first) on every space;
 - `rf`, `gbm`, `lambdarank`: learned models trained without the space they are scored on
   (leave-one-problem-out; `split="device"` also leaves out the space's whole device);
-- `online`: `search.online.OnlineSearch` from the best static prior available (gbm when other
-  spaces can train it, else the heuristic), refitting on its own results;
+- `online`: `search.online.OnlineSearch` from a portfolio of priors (gbm when other spaces can
+  train it, a forest over the raw knobs of the same kernel's other spaces, the handwritten and
+  knob heuristics), each weighed by how well it predicts the run's own results;
 - `tpe`: Optuna's TPE over the raw knobs (each knob categorical over its values); a proposed
   combination that is not a measured configuration costs no benchmark but is counted in
   `invalid_proposals`.
@@ -38,7 +40,7 @@ from dispatchtune.errors import InputError
 from dispatchtune.features.spaces import has_features, space_features
 
 #: The orderings the harness replays (not the tuner's `--order` choices, `tuner.loop.TUNE_ORDERS`).
-EVALUATION_ORDERS = ("random", "heuristic", "rf", "gbm", "lambdarank", "online", "tpe")
+EVALUATION_ORDERS = ("random", "heuristic", "knobs", "rf", "gbm", "lambdarank", "online", "tpe")
 LEARNED = ("rf", "gbm", "lambdarank")
 STOCHASTIC = ("random", "online", "tpe")
 COLUMNS = (
@@ -86,6 +88,7 @@ class _Models:
     """Learned models per held-out space, trained once and reused across seeds."""
 
     def __init__(self, spaces: Sequence[ReplaySpace], split: str) -> None:
+        self.all_spaces = list(spaces)
         self.spaces = [s for s in spaces if s.features is not None]
         self.split = split
         self.cache: dict[tuple[str, str], Any] = {}
@@ -113,6 +116,43 @@ class _Models:
         return make_model(kind, n_jobs=2).fit(features, labels_from_times(times), groups)
 
 
+    def transfer(self, space: ReplaySpace) -> np.ndarray | None:
+        """Scores from the other measured spaces of the same kernel (other devices): a forest over
+        the raw knobs they share with `space` (None when no other space has all its knobs).
+
+        What a performance engineer on a new GPU has: caches of the same kernel measured on other
+        GPUs. Labels are each space's normal-scored ranks; a space with more knobs contributes the
+        best of its configurations that agree on the shared ones.
+        """
+        key = ("transfer", space.problem)
+        if key not in self.cache:
+            self.cache[key] = self._transfer(space)
+        scores: np.ndarray | None = self.cache[key]
+        return scores
+
+    def _transfer(self, space: ReplaySpace) -> np.ndarray | None:
+        from sklearn.ensemble import ExtraTreesRegressor
+
+        from dispatchtune.search.online import normal_scores, numeric_knobs, power_of_two_part
+
+        names = list(space.knobs.columns)
+        train = [s for s in self.all_spaces if s.problem != space.problem and names
+                 and set(names) <= set(s.knobs.columns)
+                 and not (self.split == "device" and s.device == space.device)]
+        if not train:
+            return None
+        parts = [s.knobs.loc[:, names].assign(_y=normal_scores(-s.times))
+                 .groupby(names, as_index=False).agg(_y=("_y", "max")) for s in train]
+        data = pd.concat(parts, ignore_index=True)
+        # One encoding for training and scored rows (category codes must agree).
+        both: pd.DataFrame = pd.concat([data.loc[:, names], space.knobs.loc[:, names]],
+                                       ignore_index=True)
+        x = np.column_stack([numeric_knobs(both), power_of_two_part(both)])
+        model = ExtraTreesRegressor(n_estimators=64, min_samples_leaf=3, max_features=0.5,
+                                    random_state=0, n_jobs=1).fit(x[: len(data)], data["_y"])
+        return np.asarray(model.predict(x[len(data):]), dtype=np.float64)
+
+
 def _heuristic_scores(space: ReplaySpace) -> np.ndarray:
     """The handwritten heuristic; over the raw knobs where the feature vocabulary does not reach."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
@@ -123,12 +163,33 @@ def _heuristic_scores(space: ReplaySpace) -> np.ndarray:
     return np.asarray(HeuristicModel().predict(space.features), dtype=float)
 
 
-def _online_order(space: ReplaySpace, prior: np.ndarray, seed: int, limit: int) -> np.ndarray:
+def _knob_scores(space: ReplaySpace) -> np.ndarray:
+    from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel
+
+    return np.asarray(KnobHeuristicModel().predict(space.knobs), dtype=float)
+
+
+def _online_priors(space: ReplaySpace, models: _Models) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The online search's portfolio: the main prior (gbm where features exist, else the model
+    transferred from the same kernel's other spaces, else the knob heuristic) and the others
+    (the handwritten heuristic, the transferred model); the search adds the knob heuristic."""
+    candidates = {"gbm": models.scores("gbm", space), "transfer": models.transfer(space)}
+    if space.features is not None:
+        candidates["heuristic"] = _heuristic_scores(space)
+    available = {k: v for k, v in candidates.items() if v is not None}
+    if not available:
+        return _knob_scores(space), {}
+    main = next(iter(available))
+    return available.pop(main), available
+
+
+def _online_order(space: ReplaySpace, priors: tuple[np.ndarray, dict[str, np.ndarray]], seed: int,
+                  limit: int, stop: np.ndarray | None = None) -> np.ndarray:
     from dispatchtune.search.online import OnlineSearch, replay
 
     features = space.features if space.features is not None else pd.DataFrame(index=space.knobs.index)
-    search = OnlineSearch(features, prior, seed=seed, knobs=space.knobs)
-    return replay(search, space.times, max_benchmarks=limit)
+    search = OnlineSearch(features, priors[0], seed=seed, knobs=space.knobs, priors=priors[1])
+    return replay(search, space.times, max_benchmarks=limit, stop=stop)
 
 
 def _tpe_order(space: ReplaySpace, seed: int, limit: int) -> tuple[np.ndarray, int]:
@@ -194,8 +255,14 @@ def replay_spaces(
     max_benchmarks: int = 1000,
     split: str = "problem",
     progress: bool = True,
+    only: Sequence[str] | None = None,
+    stop_at_hit: bool = False,
 ) -> pd.DataFrame:
-    """One row per (space, order, seed): see `COLUMNS`. Orders without what they need are skipped."""
+    """One row per (space, order, seed): see `COLUMNS`. Orders without what they need are skipped.
+
+    `only` names the spaces to replay (default: all); the others still train learned models.
+    `stop_at_hit` ends online runs at their first hit (same count, shorter `evaluated` and curve).
+    """
     unknown = [o for o in orders if o not in EVALUATION_ORDERS]
     if unknown:
         raise InputError(f"unknown order {unknown[0]!r}; choose from {', '.join(EVALUATION_ORDERS)}")
@@ -203,29 +270,28 @@ def replay_spaces(
         raise InputError("--threshold must be > 0")
     models = _Models(spaces, split)
     rows = []
-    jobs = [(s, o) for s in spaces for o in orders]
+    jobs = [(s, o) for s in spaces for o in orders if only is None or s.problem in only]
     for space, name in tqdm(jobs, desc="replaying", disable=not progress):
         limit = min(max_benchmarks, space.n)
         if name in LEARNED:
             scores = models.scores(name, space)
         elif name == "heuristic":
             scores = _heuristic_scores(space)
+        elif name == "knobs":
+            scores = _knob_scores(space)
         else:
             scores = None
-        if name in (*LEARNED, "heuristic") and scores is None:
+        if name in (*LEARNED, "heuristic", "knobs") and scores is None:
             continue  # no features for this space, or no other space to learn from
-        prior = None
-        if name == "online":
-            prior = models.scores("gbm", space)
-            if prior is None:
-                prior = _heuristic_scores(space)
+        priors = _online_priors(space, models) if name == "online" else None
         for seed in seeds:
             invalid = 0
             if name == "random":
                 order = np.random.default_rng(seed).permutation(space.n)[:limit]
             elif name == "online":
-                assert prior is not None
-                order = _online_order(space, prior, seed, limit)
+                assert priors is not None
+                stop = space.good(threshold) if stop_at_hit else None
+                order = _online_order(space, priors, seed, limit, stop)
             elif name == "tpe":
                 order, invalid = _tpe_order(space, seed, limit)
             else:

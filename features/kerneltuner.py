@@ -22,6 +22,9 @@ so subgroups_m = MDIMC / min(MDIMC, 32) and subgroups_n = NDIMC / (32 / min(MDIM
 
 from __future__ import annotations
 
+import logging
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -29,35 +32,69 @@ from dispatchtune.datasets.kerneltuner import KernelTunerGemm, KernelTunerSpace
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.features.extract import ProblemScalars, TargetScalars, features_frame
 
-#: Hardware facts of the devices in the public Kernel Tuner caches (vendor specifications: SM
-#: count, 4 sub-partitions per SM, shared memory per SM, 64K 32-bit registers per SM = 512 per
-#: lane of each sub-partition). Matched by a case-insensitive substring of `device_name`.
+logger = logging.getLogger(__name__)
+
+def _nvidia(sms: int, shared_kib: int) -> TargetScalars:
+    # Every NVIDIA architecture since Maxwell: 4 sub-partitions per SM, a 64K x 32-bit register
+    # file per SM (= 512 registers per lane of each sub-partition), 32-thread warps.
+    return TargetScalars(is_gpu=True, compute_units=sms, simds_per_cu=4,
+                         max_workgroup_memory_bytes=shared_kib * 1024, registers_per_simd=512,
+                         subgroup_size=32)
+
+
+def _amd_cdna(cus: int, vgprs: int) -> TargetScalars:
+    # GCN / CDNA: 4 SIMDs per CU, 64 KiB LDS per workgroup, 64-wide wavefronts; `vgprs` per lane
+    # of a SIMD (GCN 256; CDNA2/3 512 with the accumulation registers).
+    return TargetScalars(is_gpu=True, compute_units=cus, simds_per_cu=4,
+                         max_workgroup_memory_bytes=65536, registers_per_simd=vgprs,
+                         subgroup_size=64)
+
+
+#: Hardware facts of common GPUs, from the vendors' specification sheets and architecture
+#: whitepapers (NVIDIA Turing/Ampere/Ada/Hopper whitepapers and CUDA C Programming Guide,
+#: "compute capabilities" table, for SM counts and shared memory per block; AMD product pages and
+#: the Vega/CDNA ISA manuals for CU counts, LDS and VGPRs). Matched by the longest key that occurs
+#: in `device_name` (case-insensitive, not inside a longer model number); facts given by the
+#: user (`register_device`) take precedence.
 KT_DEVICES: dict[str, TargetScalars] = {
-    "2080 ti": TargetScalars(
-        is_gpu=True, compute_units=68, simds_per_cu=4, max_workgroup_memory_bytes=65536,
-        registers_per_simd=512, subgroup_size=32,
-    ),
-    "titan rtx": TargetScalars(
-        is_gpu=True, compute_units=72, simds_per_cu=4, max_workgroup_memory_bytes=65536,
-        registers_per_simd=512, subgroup_size=32,
-    ),
-    "a4000": TargetScalars(
-        is_gpu=True, compute_units=48, simds_per_cu=4, max_workgroup_memory_bytes=102400,
-        registers_per_simd=512, subgroup_size=32,
-    ),
+    # Turing (CC 7.5): 64 KiB shared memory per block.
+    "2080 ti": _nvidia(68, 64), "titan rtx": _nvidia(72, 64), "2080 super": _nvidia(48, 64),
+    "2080": _nvidia(46, 64), "2070": _nvidia(36, 64), "t4": _nvidia(40, 64),
+    # Volta (CC 7.0): 96 KiB.
+    "v100": _nvidia(80, 96), "titan v": _nvidia(80, 96),
+    # Ampere GA10x (CC 8.6): 99 KiB per block (100 KiB per SM); A100 (CC 8.0): 163 KiB (164).
+    "a4000": _nvidia(48, 100), "a5000": _nvidia(64, 100), "a6000": _nvidia(84, 100),
+    "3090": _nvidia(82, 100), "3080": _nvidia(68, 100), "3070": _nvidia(46, 100),
+    "a100": _nvidia(108, 164),
+    # Ada (CC 8.9): 99 KiB per block; Hopper H100 SXM5 (CC 9.0): 227 KiB (228).
+    "4090": _nvidia(128, 100), "l40": _nvidia(142, 100), "h100": _nvidia(132, 228),
+    # AMD: Vega 20 (MI50 60 CUs, MI60 64: a shared "MI50/MI60" name reads as the MI50), CDNA 1-3.
+    "mi50": _amd_cdna(60, 256), "mi60": _amd_cdna(64, 256), "mi100": _amd_cdna(120, 256),
+    "mi210": _amd_cdna(104, 512), "mi250x": _amd_cdna(220, 512), "mi300x": _amd_cdna(304, 512),
 }
+
+#: Facts the user gave for a device (`register_device`), consulted before `KT_DEVICES`.
+USER_DEVICES: dict[str, TargetScalars] = {}
 
 _WARP = 32
 
 
-def device_facts(device_name: str) -> TargetScalars:
-    """Hardware scalars of a Kernel Tuner device; unknown devices raise a one-line error."""
+def register_device(name: str, facts: TargetScalars) -> None:
+    """Use `facts` for every device whose name contains `name` (case-insensitive)."""
+    if not name.strip():
+        raise InputError("a device name to register facts for is empty")
+    USER_DEVICES[name.strip().lower()] = facts
+
+
+def device_facts(device_name: str) -> TargetScalars | None:
+    """Hardware scalars of a device, or None when neither the user nor the table knows it."""
     wanted = device_name.lower()
-    for key, facts in KT_DEVICES.items():
-        if key in wanted:
-            return facts
-    known = ", ".join(KT_DEVICES)
-    raise InputError(f"no hardware facts for device {device_name!r}; known: {known}")
+    for table in (USER_DEVICES, KT_DEVICES):
+        for key in sorted(table, key=len, reverse=True):
+            # "a4000" must not match "a40000", nor "t4" match "rtx 4090": whole model numbers only.
+            if re.search(rf"(?<![0-9a-z]){re.escape(key)}(?![0-9a-z])", wanted):
+                return table[key]
+    return None
 
 
 def gemm_scalars(gemm: KernelTunerGemm) -> ProblemScalars:
@@ -74,8 +111,8 @@ def problem_scalars(space: KernelTunerSpace) -> ProblemScalars:
     return gemm_scalars(space.gemm())
 
 
-def target_scalars(space: KernelTunerSpace) -> TargetScalars:
-    """The hardware scalars of the device a cache was measured on."""
+def target_scalars(space: KernelTunerSpace) -> TargetScalars | None:
+    """The hardware scalars of the device a cache was measured on (None: unknown device)."""
     return device_facts(space.device_name)
 
 
@@ -106,8 +143,36 @@ def gemm_candidate_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 def gemm_features(table: pd.DataFrame, gemm: KernelTunerGemm, device_name: str) -> pd.DataFrame:
     """The feature table of rows of a Kernel Tuner GEMM space (same index as `table`)."""
-    return features_frame(gemm_candidate_columns(table), gemm_scalars(gemm),
-                          device_facts(device_name))
+    candidates, problem = gemm_candidate_columns(table), gemm_scalars(gemm)
+    facts = device_facts(device_name)
+    if facts is not None:
+        return features_frame(candidates, problem, facts)
+    _note_unknown_device(device_name)
+    # Features that need device facts (occupancy, waves, fits-in-shared-memory, ...) are those that
+    # change with them: computed for two different devices, they differ; they become NaN (missing).
+    features = features_frame(candidates, problem, _PROBE_DEVICES[0])
+    other = features_frame(candidates, problem, _PROBE_DEVICES[1])
+    same = np.isclose(features.to_numpy(dtype=np.float64), other.to_numpy(dtype=np.float64),
+                      equal_nan=True).all(axis=0)
+    return features.astype(np.float64).where(np.broadcast_to(same, features.shape))
+
+
+#: Two devices that differ in every fact: a feature that differs between them needs device facts.
+_PROBE_DEVICES = (
+    TargetScalars(is_gpu=True, compute_units=68, simds_per_cu=4, max_workgroup_memory_bytes=65536,
+                  registers_per_simd=512, subgroup_size=32),
+    TargetScalars(is_gpu=True, compute_units=7, simds_per_cu=2, max_workgroup_memory_bytes=4096,
+                  registers_per_simd=64, subgroup_size=64),
+)
+_noted: set[str] = set()
+
+
+def _note_unknown_device(device_name: str) -> None:
+    if device_name not in _noted:
+        _noted.add(device_name)
+        logger.warning("no hardware facts for device %r: its features that need them (occupancy, "
+                       "shared-memory fit, waves) are left missing; register_device() gives them",
+                       device_name or "(unnamed)")
 
 
 def kerneltuner_features(space: KernelTunerSpace, rows: pd.DataFrame | None = None) -> pd.DataFrame:

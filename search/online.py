@@ -19,7 +19,7 @@ The class only sees row positions and times; the tuning loop (through the Optuna
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dispatchtune.costmodel.knob_heuristic import size_knobs
+from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
 from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.errors import InputError
 
@@ -46,6 +46,11 @@ class OnlineSettings:
     local_every: int = 2  # every n-th ask after the first refit is local (0: never)
     local_kappa: float = 4.0  # the local step's spread weight: neighbours are cheap to check
     local_incumbents: int = 3  # the local step searches around this many best measured
+    evolve_every: int = 4  # every n-th ask after the first refit breeds from the best (0: never)
+    parents: int = 5  # evolutionary moves breed from this many best measured
+    opinion_every: int = 2  # before the first refit, every n-th ask follows another prior (0: never)
+    prior_steps: bool = True  # follow the trusted priors' order on some asks after the first refit
+    prior_belief: float = 4.0  # measurements the given prior's trust is worth before evidence
 
 
 class OnlineSearch:
@@ -58,6 +63,7 @@ class OnlineSearch:
         seed: int = 0,
         settings: OnlineSettings | None = None,
         knobs: pd.DataFrame | None = None,
+        priors: Mapping[str, Sequence[float] | np.ndarray] | None = None,
     ) -> None:
         x = np.asarray(features, dtype=np.float64)
         # Knob values define the local step's neighbourhoods (none without knobs).
@@ -72,14 +78,31 @@ class OnlineSearch:
             raise InputError(f"{prior_arr.shape} prior scores for a {x.shape} feature table")
         self.settings = settings or OnlineSettings()
         self.rng = np.random.default_rng(seed)
-        prior_arr = np.where(np.isfinite(prior_arr), prior_arr, np.nanmin(prior_arr[np.isfinite(prior_arr)])
-                             if np.isfinite(prior_arr).any() else 0.0)
-        self.prior_z = _zscore(prior_arr)
-        # The prior becomes one more column: the forest learns where to trust it.
-        self.x = np.nan_to_num(np.column_stack([x, self.prior_z]), nan=0.0, posinf=0.0, neginf=0.0)
+        # The portfolio: the given prior first, then other opinions (named `priors`, and the knob
+        # heuristic where there are size knobs); each is trusted as far as it predicts this run's
+        # own measurements (`_prior_weights`), so a prior that does not transfer loses its say.
+        named = {"prior": prior_arr, **{k: np.asarray(v, dtype=np.float64) for k, v in
+                                         (priors or {}).items()}}
+        if knobs is not None and size_knobs(knobs):
+            named.setdefault("knobs", KnobHeuristicModel().predict(knobs))
+        for name, scores in named.items():
+            if scores.shape != (x.shape[0],):
+                raise InputError(f"{scores.shape} {name} scores for a {x.shape} feature table")
+        self.prior_names = list(named)
+        self.priors_z = np.column_stack([_zscore(_finite(v)) for v in named.values()])
+        self.prior_z = self.priors_z[:, 0]
+        self.belief = np.zeros(len(named))
+        self.belief[0] = 1.0
+        self.weights = self.belief.copy()  # each prior's current weight (`_prior_weights`)
+        self._tiebreak = 1e-9 * self.rng.random(x.shape[0])  # seeded order among equal scores
+        # The priors become more columns: the forest learns where to trust each.
+        self.x = np.nan_to_num(np.column_stack([x, self.priors_z]), nan=0.0, posinf=0.0, neginf=0.0)
         n = x.shape[0]
+        # Exact knob combinations, for the evolutionary step's children.
+        self._by_knobs = {tuple(r): i for i, r in enumerate(self.knob_values.tolist())}
         # Prior order with a seeded tie-break: solver order clusters similar candidates.
-        self._prior_order = order_by_score(self.prior_z, self.rng)
+        self._prior_orders = [order_by_score(z, self.rng) for z in self.priors_z.T]
+        self._prior_order = self._prior_orders[0]
         self.times = np.full(n, np.nan)  # measured time (inf = failed)
         self.pending: set[int] = set()
         self.skipped = np.zeros(n, dtype=bool)  # never to be asked, no result (e.g. duplicates)
@@ -165,18 +188,72 @@ class OnlineSearch:
         settings = self.settings
         successes = int(np.isfinite(self.times).sum())
         if successes < settings.min_fit:
-            for row in self._prior_order:
-                if free[row]:
-                    return int(row)
+            return self._next_initial(free)
         self._asks += 1
+        acquisition, _ = self._scores()
+        # A prior step: the next candidate in the priors' combined order, as often as the priors
+        # are trusted (their best rank agreement so far) and not yet outweighed by the run's own
+        # model. A prior that ranks the best tenth keeps reaching it while the forest, fitted on
+        # a handful of points, would wander off.
+        n = self.n_told
+        trust = float(self.weights.max()) ** 2 * (1.0 - n / (n + max(1, settings.prior_halflife)))
+        if settings.prior_steps and self.rng.random() < trust:
+            combined = self.priors_z @ self.weights + self._tiebreak
+            return int(np.argmax(np.where(free, combined, -np.inf)))
+        if settings.evolve_every and self._asks % settings.evolve_every == 1 % settings.evolve_every:
+            row = self._next_evolved(free)
+            if row is not None:
+                return row
         if settings.local_every and self._asks % settings.local_every == 0:
             row = self._next_local(free)
             if row is not None:
                 return row
         if self.rng.random() < settings.random_fraction:
             return int(self.rng.choice(np.flatnonzero(free)))
-        acquisition, _ = self._scores()
         return int(np.argmax(np.where(free, acquisition, -np.inf)))
+
+    def _next_initial(self, free: np.ndarray) -> int:
+        """Before the first refit: the given prior's top, and on every `opinion_every`-th ask
+        the next other opinion's top or a uniformly random candidate, in turn. The spread is what
+        the priors' trust is first measured on, and gives the forest more than one region."""
+        turn = self.n_told + len(self.pending)
+        every = self.settings.opinion_every
+        # A single prior (no portfolio) keeps its order until the first refit.
+        if not every or turn < 2 or turn % every or len(self._prior_orders) == 1:
+            return int(next(row for row in self._prior_order if free[row]))
+        pick = 1 + (turn // every - 1) % len(self._prior_orders)
+        if pick == len(self._prior_orders):
+            return int(self.rng.choice(np.flatnonzero(free)))
+        return int(next(row for row in self._prior_orders[pick] if free[row]))
+
+    def _next_evolved(self, free: np.ndarray) -> int | None:
+        """A child of the best measured: crossover of two parents (each knob from either) or a
+        two-knob mutation of one, the free candidate closest to it with the best local bound.
+
+        Local one-knob steps stall in a broad basin; a child two or more knobs away reaches a
+        small better basin next to it (a "trap" space), and parents other than the best keep
+        several basins alive.
+        """
+        if not self.knob_values.shape[1]:
+            return None
+        measured = np.where(np.isfinite(self.times), self.times, np.inf)
+        best = [int(r) for r in np.argsort(measured)[: self.settings.parents] if np.isfinite(measured[r])]
+        if len(best) < 2:
+            return None
+        _, local = self._scores()
+        mother, father = (self.knob_values[r] for r in self.rng.choice(best, 2, replace=False))
+        if self.rng.random() < 0.5:
+            child = np.where(self.rng.random(mother.size) < 0.5, mother, father)
+            reach = 1
+        else:
+            child, reach = mother, 2
+        distance = (self.knob_values != child).sum(axis=1)
+        distance = np.where(free, distance, np.iinfo(np.int64).max)
+        nearest = int(distance.min())
+        if nearest > max(reach, 1) + 1 or nearest == np.iinfo(np.int64).max:
+            return None
+        near = distance <= max(nearest, reach)
+        return int(np.argmax(np.where(near, local, -np.inf)))
 
     def _next_local(self, free: np.ndarray) -> int | None:
         """The best-bounded free candidate one knob away from one of the best few measured."""
@@ -212,7 +289,7 @@ class OnlineSearch:
         y = np.empty(rows.size)
         # Normal scores of the measured ranks: a few 100x-slow outliers would otherwise dominate
         # the squared loss and flatten everything near the top, which is all that matters here.
-        y[ok] = _normal_scores(-times[ok])
+        y[ok] = normal_scores(-times[ok])
         # Failures are slower than anything measured: the forest learns to avoid their region.
         y[~ok] = y[ok].min() - 1.0 if ok.any() else -1.0
         # Extra-trees: randomised splits give a useful spread on tens of points, where bootstrap
@@ -226,16 +303,35 @@ class OnlineSearch:
         ).fit(self.x[rows], y)
         per_tree = np.stack([tree.predict(self.x) for tree in forest.estimators_])
         mean, spread = per_tree.mean(axis=0), per_tree.std(axis=0)
-        # Trust moves from the prior to the run's own model as measurements accumulate, and the
+        # Trust moves from the priors to the run's own model as measurements accumulate, and each
         # prior keeps only as much weight as its rank agreement with what was measured so far.
         weight = rows.size / (rows.size + max(1, settings.prior_halflife))
-        # Measured candidates mostly come from the prior's top, where rank agreement is noisy
-        # even for a good prior: only disagreement beyond that noise (~1/sqrt(n)) costs trust.
-        rho = _spearman(self.prior_z[rows[ok]], y[ok])
-        agreement = float(np.clip(1.0 + rho + 1.5 / np.sqrt(max(1, int(ok.sum()) - 1)), 0.0, 1.0))
-        prior = (1.0 - weight) * settings.prior_weight * agreement * self.prior_z
+        self.weights = self._prior_weights(rows[ok], y[ok])
+        prior = (1.0 - weight) * settings.prior_weight * (self.priors_z @ self.weights)
         return (weight * _zscore(mean + settings.kappa * spread) + prior,
                 weight * _zscore(mean + settings.local_kappa * spread) + prior)
+
+
+    def _prior_weights(self, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+        """Each prior's weight: its rank correlation with the measured results, shrunk towards
+        the initial belief (the given prior trusted, the others not) by `prior_belief` pseudo
+        measurements. Measured candidates come mostly from the priors' tops, where agreement is
+        noisy even for a good prior: only disagreement beyond that noise (~1/sqrt(n)) costs the
+        given prior its trust."""
+        n = rows.size
+        noise = 1.5 / np.sqrt(max(1, n - 1))
+        rho = np.array([_spearman(z[rows], y) for z in self.priors_z.T])
+        evidence = np.clip(rho, 0.0, 1.0)
+        evidence[0] = float(np.clip(rho[0] + noise, 0.0, 1.0))
+        c = self.settings.prior_belief
+        weights: np.ndarray = (c * self.belief + n * evidence) / (c + n)
+        return weights
+
+
+def _finite(values: np.ndarray) -> np.ndarray:
+    """Non-finite scores become the worst finite one (0 when there is none)."""
+    finite = np.isfinite(values)
+    return np.where(finite, values, values[finite].min() if finite.any() else 0.0)
 
 
 def numeric_knobs(knobs: pd.DataFrame) -> np.ndarray:
@@ -260,8 +356,9 @@ def power_of_two_part(knobs: pd.DataFrame) -> np.ndarray:
     return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
 
 
-def _normal_scores(values: np.ndarray) -> np.ndarray:
-    """Normal quantiles of the ranks of `values` (higher value, higher score)."""
+def normal_scores(values: np.ndarray) -> np.ndarray:
+    """Normal quantiles of the ranks of `values` (higher value, higher score): labels that keep
+    the order and ignore how far outliers lie."""
     ranks = pd.Series(values).rank(method="average").to_numpy()
     quantile = np.vectorize(NormalDist().inv_cdf, otypes=[np.float64])
     return np.asarray(quantile((ranks - 0.5) / values.size), dtype=np.float64)
@@ -284,9 +381,12 @@ def _zscore(values: np.ndarray) -> np.ndarray:
 
 
 def replay(
-    search: OnlineSearch, times: Any, max_benchmarks: int | None = None, batch: int = 1
+    search: OnlineSearch, times: Any, max_benchmarks: int | None = None, batch: int = 1,
+    stop: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Drive `search` against measured `times` (inf/NaN = failed); returns the rows in asked order."""
+    """Drive `search` against measured `times` (inf/NaN = failed); returns the rows in asked order.
+
+    With a boolean mask `stop`, the replay ends once a row it marks has been measured."""
     measured = np.asarray(times, dtype=np.float64)
     if measured.shape != (search.n_candidates,):
         raise InputError(f"{measured.size} times for {search.n_candidates} candidates")
@@ -300,4 +400,6 @@ def replay(
             value = measured[row]
             search.tell(row, float(value) if np.isfinite(value) else None)
         order.extend(rows)
+        if stop is not None and bool(stop[rows].any()):
+            break
     return np.asarray(order, dtype=np.int64)

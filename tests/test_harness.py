@@ -12,7 +12,15 @@ import pytest
 from dispatchtune.cli import main as cli_main
 from dispatchtune.costmodel.knob_heuristic import KnobHeuristicModel, size_knobs
 from dispatchtune.errors import InputError
-from dispatchtune.evaluation.harness import COLUMNS, load_replay_spaces, replay_spaces, write_report
+from dispatchtune.evaluation.harness import (
+    COLUMNS,
+    _Models,
+    _online_priors,
+    load_replay_spaces,
+    replay_spaces,
+    write_report,
+)
+from dispatchtune.search.online import _spearman
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DATASETS = [
@@ -99,3 +107,22 @@ def test_a_space_without_features_is_ordered_by_the_knob_heuristic() -> None:
     # (read_only, use_shmem, ...) and the constant filter sizes carry no opinion.
     assert 0 < all_pow2.sum() < space.n and all_pow2[order[: all_pow2.sum()]].all()
     assert size_knobs(space.knobs) == ["block_size_x", "block_size_y", "tile_size_x", "tile_size_y"]
+
+
+def test_online_priors_transfer_from_the_same_kernel_on_other_devices() -> None:
+    # Two devices' pnpoly spaces: each is scored by a forest over the other's knobs (leave one
+    # space out); a space of another kernel learns nothing from them.
+    pnpoly = [FIXTURES / "kt_pnpoly_titan_slice.json.gz", FIXTURES / "kt_pnpoly_2080ti_slice.json.gz"]
+    spaces = load_replay_spaces([*pnpoly, FIXTURES / "kt_conv_a4000_slice.json.gz"])
+    models = _Models(spaces, "problem")
+    titan, ti, conv = spaces
+    scores = models.transfer(titan)
+    assert scores is not None and scores.shape == (titan.n,)
+    assert models.transfer(conv) is None
+    # The two devices agree on this kernel: the transferred order is better than a random one.
+    assert _spearman(scores, -titan.times) > 0.3
+    main, others = _online_priors(titan, models)
+    np.testing.assert_allclose(main, scores)
+    assert others == {}
+    rows = replay_spaces(spaces, ["knobs", "online"], range(2), progress=False, only=[ti.problem])
+    assert set(rows["problem"]) == {ti.problem} and set(rows["order"]) == {"knobs", "online"}

@@ -13,17 +13,21 @@ import pytest
 from dispatchtune.datasets.kerneltuner import load_kerneltuner
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import FEATURE_NAMES
+from dispatchtune.features.extract import TargetScalars
 from dispatchtune.features.kerneltuner import (
+    USER_DEVICES,
     device_facts,
     gemm_candidate_columns,
     kerneltuner_features,
     problem_scalars,
+    register_device,
     target_scalars,
 )
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GEMM = FIXTURES / "kt_gemm_2080ti_slice.json.gz"
 CONV = FIXTURES / "kt_conv_a4000_slice.json.gz"
+PNPOLY = FIXTURES / "kt_pnpoly_titan_slice.json.gz"
 
 
 def test_gemm_cache_maps_onto_candidate_columns() -> None:
@@ -52,7 +56,7 @@ def test_gemm_problem_and_device_facts() -> None:
     assert (problem.m, problem.n, problem.k) == (4096, 4096, 4096)  # K recovered from GFLOP/s
     assert problem.lhs_bytes == 4
     facts = target_scalars(space)
-    assert facts.is_gpu and facts.compute_units == 68 and facts.subgroup_size == 32
+    assert facts is not None and facts.is_gpu and facts.compute_units == 68 and facts.subgroup_size == 32
     features = kerneltuner_features(space)
     assert list(features.columns) == list(FEATURE_NAMES) and len(features) == 200
     expected_smem = 32 * 4 * (space.table["SA"] * space.table["MWG"]
@@ -77,9 +81,60 @@ def test_invalid_configurations_and_non_gemm_kernels() -> None:
         problem_scalars(space)
 
 
-def test_unknown_device_is_a_one_line_error() -> None:
-    with pytest.raises(DispatchTuneError, match="no hardware facts"):
-        device_facts("Some Future GPU")
+def test_device_table_and_user_facts() -> None:
+    assert device_facts("Some Future GPU") is None and device_facts("") is None
+    assert device_facts("NVIDIA RTX A6000").compute_units == 84  # type: ignore[union-attr]
+    mi50 = device_facts("AMD Instinct MI50/MI60")
+    assert mi50 is not None and mi50.subgroup_size == 64 and mi50.compute_units == 60
+    # Whole model numbers: "a4000" is not an A40, "rtx 4090" not a T4.
+    assert device_facts("NVIDIA RTX A4000").compute_units == 48  # type: ignore[union-attr]
+    assert device_facts("NVIDIA GeForce RTX 4090").compute_units == 128  # type: ignore[union-attr]
+    facts = TargetScalars(is_gpu=True, compute_units=10, simds_per_cu=4,
+                          max_workgroup_memory_bytes=32768, registers_per_simd=256, subgroup_size=32)
+    register_device("future gpu", facts)
+    try:
+        assert device_facts("Some Future GPU") == facts
+    finally:
+        USER_DEVICES.clear()
+
+
+@pytest.mark.parametrize("device", ["Some Future GPU", ""])
+def test_unknown_device_loads_with_device_free_features(
+    tmp_path: Path, device: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = json.loads(gzip.decompress(GEMM.read_bytes()))
+    data["device_name"] = device
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(data))
+    space = load_kerneltuner(path)
+    assert target_scalars(space) is None
+    known = kerneltuner_features(load_kerneltuner(GEMM))
+    with caplog.at_level("WARNING"):
+        features = kerneltuner_features(space)
+    assert list(features.columns) == list(FEATURE_NAMES) and len(features) == 200
+    missing = [c for c in features.columns if features[c].isna().all()]
+    # Only the features that need device facts are missing; the rest equal a known device's.
+    assert "occupancy" in missing and "shared_memory_bytes" not in missing
+    assert not features.drop(columns=missing).isna().any().any()
+    np.testing.assert_allclose(features.drop(columns=missing), known.drop(columns=missing))
+    if device:
+        assert "no hardware facts" in caplog.text
+    assert "unknown device (unknown.json)" in space.label() or device in space.label()
+
+
+def test_scalar_problem_size_and_string_parameters(tmp_path: Path) -> None:
+    space = load_kerneltuner(PNPOLY)  # pnpoly: "problem_size": 20000000
+    assert space.problem_size == (20000000,) and not space.is_gemm
+    assert space.label() == "NVIDIA TITAN RTX cn_pnpoly 20000000"
+    assert len(space.table) == 30 and len(space.valid) == 28
+    data = json.loads(gzip.decompress(PNPOLY.read_bytes()))
+    for entry in data["cache"].values():
+        entry["use_method"] = ["none", "bisect", "linear"][entry["use_method"]]
+    path = tmp_path / "strings.json"
+    path.write_text(json.dumps(data))
+    table = load_kerneltuner(path).table
+    assert set(table["use_method"]) <= {"none", "bisect", "linear"}
+    assert table["block_size_x"].dtype.kind == "i"
 
 
 @pytest.mark.parametrize(

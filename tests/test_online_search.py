@@ -283,3 +283,32 @@ def test_a_result_that_missed_the_log_is_restored_from_the_study(tmp_path: Path)
     assert again.unlogged(set()) == ['{"compilation_info": "config-a", "candidate_id": 7}']
     assert again.unlogged({"config-a"}) == []
     again.close()
+
+
+def test_the_prior_that_predicts_the_run_gains_the_weight() -> None:
+    # The given prior is wrong (slowest first); another opinion is right: the search measures
+    # both, trusts the one that agrees with its own results and finds the best region early.
+    features, times = synthetic_space()
+    wrong, right = times.copy(), -times
+    alone = [first_hit(replay(OnlineSearch(features, wrong, seed=s), times, 200), times)
+             for s in range(4)]
+    searches = [OnlineSearch(features, wrong, seed=s, priors={"right": right}) for s in range(4)]
+    both = [first_hit(replay(search, times, 200), times) for search in searches]
+    assert searches[0].prior_names == ["prior", "right"]
+    weights = np.array([search.weights for search in searches])
+    assert (weights[:, 1] > 0.5).all() and (weights[:, 0] < 0.1).all(), weights
+    assert np.median(both) <= 4 < np.median(alone), (both, alone)
+
+
+def test_evolutionary_steps_breed_near_the_best() -> None:
+    knobs, times = deceptive_space()
+    search = OnlineSearch(pd.DataFrame(index=knobs.index), np.zeros(len(times)), seed=0,
+                          knobs=knobs, settings=OnlineSettings(evolve_every=1, local_every=0))
+    replay(search, times, 40)
+    values = search.knob_values
+    told = np.asarray(search._told)
+    measured = told[np.isfinite(search.times[told])]
+    # After the first refit every ask is a child: at most two knobs from one of its parents.
+    for row in told[search.settings.min_fit + 5:]:
+        before = measured[: int(np.flatnonzero(told == row)[0])]
+        assert ((values[before] != values[row]).sum(axis=1) <= 3).any()
