@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -48,6 +49,8 @@ from dispatchtune.tuner.model.options import ModelTuneOptions
 from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
 
 NO_CONST_EVAL = "--iree-opt-const-eval=false"
+
+logger = logging.getLogger(__name__)
 
 
 def adaptive_timeout(default_build_s: float, ceiling_s: float) -> float:
@@ -112,7 +115,7 @@ class _ModelTuner:
 
     def say(self, text: str) -> None:
         if self.mode != "off":
-            print(f"tune-model: {text}", file=sys.stderr, flush=True)
+            logger.info("tune-model: %s", text)
 
     # -- identity of the run (a results directory belongs to one model, target and device) ------
     def _check_identity(self) -> None:
