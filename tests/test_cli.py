@@ -125,6 +125,11 @@ def test_readme_line_runs(index: int, session: ReadmeSession) -> None:
         assert len(rows) == 5 and all("compilation_info" in row for row in rows)
     elif name == "candidates":
         assert "5 candidates" in out
+    elif name == "rank" and "--json" in argv:
+        rows = [json.loads(row) for row in out.splitlines()]
+        assert [row["rank"] for row in rows] == [0, 1, 2]
+        assert all({"score", "knobs", "compilation_info"} <= set(row) for row in rows)
+        assert "gfx942.json" in done.stderr  # a GPU target that ships a model orders by it
     elif name == "rank":
         assert " candidates, " in out
         if "--cost-model" in argv:
