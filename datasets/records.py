@@ -30,6 +30,7 @@ fields have the wrong types is skipped like a corrupt one.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import os
@@ -48,6 +49,7 @@ import pandas as pd
 from dispatchtune.datasets.jsonl import JsonlWriter
 from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem
 
 SCHEMA_PREFIX = "dispatchtune.result/"
 SCHEMA_VERSION = 1
@@ -268,6 +270,9 @@ def read_results(path: str | os.PathLike[str]) -> Iterator[ResultRecord]:
                 except json.JSONDecodeError as exc:
                     _skip(where, exc.msg)
                     continue
+                except RecursionError:
+                    _skip(where, "nested too deeply")
+                    continue
                 if not isinstance(data, dict):
                     _skip(where, "not a JSON object")
                     continue
@@ -375,7 +380,32 @@ def _typed(data: Mapping[str, Any]) -> ResultRecord:
             values[name] = convert(value)
         except _WrongType as exc:
             raise _WrongType(f"{name} is {type(value).__name__} {value!r:.40}, expected {exc}") from None
+    if values["problem"]:
+        _check_problem(values["problem"])
     return ResultRecord(**values)
+
+
+@functools.lru_cache(maxsize=256)
+def _problem_error(text: str) -> str:
+    """Why a record's problem dict does not describe a `Problem` ('' when it does)."""
+    try:
+        Problem.from_dict(json.loads(text))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _check_problem(problem: dict[str, Any]) -> None:
+    # Training and evaluation rebuild the problem of every logged space from its first record;
+    # a malformed one is a corrupt line, not a crash later. A log repeats a few problems many
+    # times, so each distinct one is checked once.
+    try:
+        text = json.dumps(problem, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        raise _WrongType(f"problem that cannot be stored ({exc})") from None
+    why = _problem_error(text)
+    if why:
+        raise _WrongType(f"problem that describes no root op ({why:.80})")
 
 
 #: Columns `records_frame` adds to the record fields and the flattened knobs.
