@@ -56,8 +56,7 @@ def model_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
 
     model = model_for_target(TARGET)[0]
     features = extract_features(problem, get_target(TARGET), table)
-    with_table = getattr(model, "predict_candidates", None)
-    return np.asarray(with_table(features, table) if with_table else model.predict(features))
+    return np.asarray(model.predict_candidates(features, table))
 
 
 SCORERS: dict[str, Scorer] = {

@@ -29,6 +29,14 @@ class CostModel(ABC):
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         """One float per row; higher means predicted faster."""
 
+    def predict_candidates(self, features: pd.DataFrame, table: pd.DataFrame | None) -> np.ndarray:
+        """Scores of one candidate set, given its feature table and its candidate table.
+
+        Most models read the features only; a model that also reads candidate columns the
+        features do not carry (the pairwise GPU prior: the pipeline) overrides this.
+        """
+        return self.predict(features)
+
     def rank(self, features: pd.DataFrame) -> np.ndarray:
         """Row positions in benchmark order: descending score, ties kept in input order."""
         scores = np.asarray(self.predict(features), dtype=np.float64)

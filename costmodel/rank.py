@@ -73,11 +73,7 @@ def rank(
             chosen = model_for_target(target.name)[0]
         else:
             chosen = HeuristicModel()
-        # A model that reads more of the candidate table than the features (the pairwise GPU
-        # prior: the pipeline) says so by having `predict_candidates`.
-        with_table = getattr(chosen, "predict_candidates", None)
-        predicted = with_table(features, table) if with_table else chosen.predict(features)
-        scores = np.asarray(predicted, dtype=np.float64)
+        scores = np.asarray(chosen.predict_candidates(features, table), dtype=np.float64)
         positions = order_by_score(scores, seed)
     ranked = table.iloc[positions].copy()
     ranked["score"] = scores[positions]

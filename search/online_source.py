@@ -74,7 +74,7 @@ class OnlineSource:
         self.table = cset.table.reset_index(drop=True)
         self.space_digest = cset.digest()
         features = extract_features(problem, target, self.table)
-        self.prior = np.asarray(model.predict(features), dtype=np.float64)
+        self.prior = np.asarray(model.predict_candidates(features, self.table), dtype=np.float64)
         knobs = self.table[[c for c in self.table.columns if c != "candidate_id"]]
         search = OnlineSearch(features, self.prior, seed=seed, knobs=knobs)
         self.study = OnlineStudy(
