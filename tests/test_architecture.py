@@ -166,3 +166,12 @@ def test_no_import_cycles() -> None:
                 if len(component) > 1:
                     cycles.append(sorted(component))
     assert not cycles, f"import cycles: {cycles}"
+
+
+def test_every_package_is_installed() -> None:
+    """A wheel (not the editable install the tests run from) holds only the listed packages."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    packages = {m for m, p in _modules().items() if p.name == "__init__.py"}
+    assert packages <= listed, f"packages missing from pyproject.toml: {sorted(packages - listed)}"
