@@ -25,6 +25,7 @@ from dispatchtune.cli import (
     tune_model,
 )
 from dispatchtune.cli.options import OneLineParser, UsageError
+from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import DispatchTuneError
 
 __all__ = ["build_parser", "main", "run_handler", "train_costmodel_main"]
@@ -75,7 +76,10 @@ def run_handler(handler: Handler, args: argparse.Namespace, prog: str = "dispatc
     failure during the run, 130 for Ctrl-C; a closed stdout pipe ends the command quietly.
     """
     try:
-        return handler(args)
+        # Every command's warnings (a corrupt log line, a model for another target) are one
+        # line each, whichever command raised them.
+        with one_line_warnings(prog):
+            return handler(args)
     except DispatchTuneError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2

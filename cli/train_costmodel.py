@@ -12,7 +12,6 @@ import shlex
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -104,11 +103,7 @@ def run(args: argparse.Namespace) -> int:
     # Checked before training: an unwritable output would otherwise lose minutes of work.
     output_file(output, "--output", report_paths(output))
     progress = sys.stderr.isatty()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        data = load_training_data(args.inputs, f"{args.time}_ms", progress)
-    for warning in caught:
-        print(f"warning: {warning.message}", file=sys.stderr)
+    data = load_training_data(args.inputs, f"{args.time}_ms", progress)
     print(f"training data: {len(data.times)} rows, {len(data.problems)} problems", file=sys.stderr)
 
     scheme = ("leave one problem out" if args.folds <= 0 or args.folds >= len(data.problems)

@@ -20,7 +20,6 @@ from dispatchtune.cli.options import (
     shown,
     storage_url,
 )
-from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import InputError
 
 #: What a run writes in its output directory (checked to be writable files before it starts).
@@ -139,7 +138,6 @@ def run(args: argparse.Namespace) -> int:
         retry_failed=args.retry_failed,
         lease_s=args.lease,
     )
-    with one_line_warnings():
-        result = tune(args.file, args.target, args.output_dir, options)
+    result = tune(args.file, args.target, args.output_dir, options)
     print(result.text)
     return 0

@@ -20,7 +20,6 @@ from dispatchtune.cli.options import (
     progress_of,
     shown,
 )
-from dispatchtune.cli.stderr import one_line_warnings
 from dispatchtune.errors import InputError
 from dispatchtune.tuner.model.options import TIMERS
 
@@ -117,7 +116,6 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
         ),
     )
-    with one_line_warnings():
-        result = tune_model(args.model_mlir, args.target, args.output_dir, options)
+    result = tune_model(args.model_mlir, args.target, args.output_dir, options)
     print(result.text)
     return 0
