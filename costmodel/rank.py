@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 Order = Literal["heuristic", "random", "model"]
 #: The static orders `rank` produces (the tuner adds `online`: `tuner.loop.TUNE_ORDERS`).
 STATIC_ORDERS: tuple[str, ...] = ("heuristic", "random", "model")
-ORDERS = STATIC_ORDERS  # the name `costmodel.commands` and the package export use
+ORDERS = STATIC_ORDERS  # the name the package exports (`dispatchtune.costmodel.ORDERS`)
 
 
 def rank(

@@ -35,6 +35,7 @@ from dispatchtune.costmodel.metrics import (
     near_optimal,
     random_expected_benchmarks,
 )
+from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import FEATURE_NAMES
@@ -105,13 +106,6 @@ def load_training_data(
 
 
 # ---- metrics of one held-out problem ----------------------------------------------------------
-def _order(scores: np.ndarray, seed: int) -> np.ndarray:
-    """The order `rank` produces: score descending, ties broken by a seeded draw."""
-    from dispatchtune.costmodel.order import order_by_score
-
-    return order_by_score(scores, seed)
-
-
 def pairwise_accuracy(scores: np.ndarray, times: np.ndarray, seed: int = 0) -> float:
     """Share of candidate pairs (times > 1% apart) the scores order correctly; score ties = 1/2.
 
@@ -138,7 +132,7 @@ def evaluate_scores(
     scores: np.ndarray, times: np.ndarray, threshold: float = 0.05, seed: int = 0
 ) -> dict[str, float]:
     """Benchmarks to the first near-optimal candidate (exact over ties), top-1/top-5, pairwise."""
-    order = _order(scores, seed)
+    order = order_by_score(scores, seed)  # the order `rank` produces
     best = float(times.min())
     return {
         "benchmarks": expected_benchmarks_with_ties(scores, times, threshold),

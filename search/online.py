@@ -98,8 +98,6 @@ class OnlineSearch:
         # The priors become more columns: the forest learns where to trust each.
         self.x = np.nan_to_num(np.column_stack([x, self.priors_z]), nan=0.0, posinf=0.0, neginf=0.0)
         n = x.shape[0]
-        # Exact knob combinations, for the evolutionary step's children.
-        self._by_knobs = {tuple(r): i for i, r in enumerate(self.knob_values.tolist())}
         # Prior order with a seeded tie-break: solver order clusters similar candidates.
         self._prior_orders = [order_by_score(z, self.rng) for z in self.priors_z.T]
         self._prior_order = self._prior_orders[0]

@@ -394,12 +394,6 @@ class OnlineStudy:
         return found
 
     # -- ask / tell -------------------------------------------------------------------------------
-    def measured(self) -> int:
-        """Candidates measured in the study (all workers), live claims not included."""
-        with self._guard():
-            held = settled(self.study.get_trials(deepcopy=False), self.rules)
-        return sum(1 for outcome, _ in held.values() if outcome == "ok")
-
     def ask(self) -> tuple[int, int] | None:
         """Claim the next candidate: (trial number, row), or None (see the class docstring)."""
         with self._guard():
