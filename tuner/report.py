@@ -436,8 +436,7 @@ def write_outputs(
 
     `not_tuned` maps a problem key to why that dispatch could not be tuned; the summary says so.
     """
-    from dispatchtune.ir.spec import tuning_spec, write_spec
-    from dispatchtune.measure.builder import BINDINGS_LOCK
+    from dispatchtune.measure.builder import write_spec_file
 
     records = as_records(records)
     summaries = [
@@ -451,9 +450,8 @@ def write_outputs(
     if options.compile_only:
         entries = []
     spec_path = out / "tuning_spec.mlir"
-    with BINDINGS_LOCK:
-        # With no entries this is a valid spec that keeps every default configuration.
-        write_spec(tuning_spec(entries), spec_path)
+    # With no entries this is a valid spec that keeps every default configuration.
+    write_spec_file(entries, spec_path)
     if options.compile_only:
         spec_note = "Compile-only run: candidates were built and checked, none was benchmarked."
     elif entries:
