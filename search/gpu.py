@@ -496,8 +496,12 @@ class GpuMaterializer:
         keys = np.stack([spaces, waves > 0, *(knobs[k] for k in choices)], axis=1)
         out = [""] * len(rows)
         with context:
-            for key in np.unique(keys, axis=0):
-                members = np.flatnonzero((keys == key).all(axis=1))
+            # One pass groups the rows (not a scan of every row per group).
+            unique, group = np.unique(keys, axis=0, return_inverse=True)
+            by_group = np.argsort(group.ravel(), kind="stable")
+            bounds = np.searchsorted(group.ravel()[by_group], np.arange(len(unique) + 1))
+            for index, key in enumerate(unique):
+                members = by_group[bounds[index]:bounds[index + 1]]
                 space, names = int(key[0]), self.knobs[int(key[0])]
                 fixed = {k: int(v) for k, v in zip(choices, key[2:], strict=True) if k in names}
                 values = [knobs[k][members] for k in names]
