@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dispatchtune.errors import InputError
-from dispatchtune.tuner.loop import TuneOptions
-from dispatchtune.tuner.model import ModelTuneOptions
-from dispatchtune.tuner.options import TUNE_ORDERS
+from dispatchtune.tuner.model.options import ModelTuneOptions
+from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions
 
 #: Defaults of the dispatch loop and of whole-model tuning (the dataclasses are the one source).
 TUNE_DEFAULTS = TuneOptions()

@@ -20,7 +20,6 @@ from dispatchtune.features.extract import (
     feature_table_markdown,
     features_frame,
 )
-from dispatchtune.features.spaces import has_features, space_features
 
 __all__ = [
     "FEATURES",
@@ -36,6 +35,4 @@ __all__ = [
     "extract_features",
     "feature_table_markdown",
     "features_frame",
-    "has_features",
-    "space_features",
 ]

@@ -11,7 +11,8 @@ import pytest
 from dispatchtune.datasets.kerneltuner import KernelTunerGemm
 from dispatchtune.datasets.spaces import KERNELTUNER, RESULTS, classify_inputs, load_spaces
 from dispatchtune.errors import InputError
-from dispatchtune.features import FEATURE_NAMES, has_features, space_features
+from dispatchtune.features import FEATURE_NAMES
+from dispatchtune.features.spaces import has_features, space_features
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dispatchtune.errors import DispatchTuneError
-from dispatchtune.tuner.loop import TuneOptions
+from dispatchtune.tuner.options import TuneOptions
 
 TIMERS = ("auto", "cpu", "real")
 
