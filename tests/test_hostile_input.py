@@ -237,3 +237,18 @@ def test_a_missing_postgres_driver_is_one_line_naming_the_extra(tmp_path: Path) 
         cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2
     one_error_line(done, "psycopg", "pip install 'dispatchtune[postgres]'")
+
+
+def test_tune_from_python_passes_dash_names_to_iree_as_absolute_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The library API, not only the CLI: a relative input and output named like options."""
+    from dispatchtune.tuner.loop import TuneOptions, tune
+
+    shutil.copy(SMALL_MATMUL, tmp_path / "-o=victim.txt")
+    (tmp_path / "victim.txt").write_text("precious")
+    monkeypatch.chdir(tmp_path)
+    result = tune("-o=victim.txt", "host", "-out", TuneOptions(
+        budget=1, compile_only=True, verify=False, progress=False))
+    assert (tmp_path / "victim.txt").read_text() == "precious"
+    assert result.output_dir == tmp_path / "-out" and (tmp_path / "-out" / "results.jsonl").is_file()

@@ -217,13 +217,15 @@ def tune(
     devices = parse_devices(options.devices, options.runner, target.device_uri)
     if not options.compile_only and any(not d.runner for d in devices):
         target.check_runs_here()  # only devices on this machine need this CPU to run the code
-    out = Path(output_dir)
+    # Absolute from here on: every path derived from these reaches IREE's tools, where a
+    # relative name starting with '-' would be read as an option.
+    out = Path(output_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     # Remote devices are connected (and their runtime version checked) before anything is built;
     # their connections serve every dispatch of the run.
     with (locked_output_dir(out), _sigterm_as_interrupt(),
           remote_runners(devices, connect=not options.compile_only) as runners):
-        return _tune(Path(path), target, out, options, candidates, runners)
+        return _tune(Path(path).absolute(), target, out, options, candidates, runners)
 
 
 def _tune(

@@ -71,11 +71,11 @@ def tune_model(
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
     target.check_runs_here()
-    source = Path(path)
+    source = Path(path).absolute()  # absolute: no derived path can read as a tool option
     if not source.is_file():
         raise InputError(f"no such file: {source}")
     model = lower_torch_to_function(source)
-    out = Path(output_dir)
+    out = Path(output_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     tuner = _ModelTuner(model, target, out, options, source=source)
     if model != source:
