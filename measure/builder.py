@@ -92,12 +92,11 @@ class BinaryRegistry:
         self._lock = threading.Lock()
 
     def claim(self, sha: str, candidate_id: int) -> int | None:
-        """Register a binary; return the earlier owner when it was already seen."""
+        """Register a binary; return the earlier owner when another candidate produced it (a
+        candidate built again, after it was released unmeasured, is not its own duplicate)."""
         with self._lock:
-            owner = self._seen.get(sha)
-            if owner is None:
-                self._seen[sha] = candidate_id
-            return owner
+            owner = self._seen.setdefault(sha, candidate_id)
+            return None if owner == candidate_id else owner
 
 
 def sha256_file(path: Path) -> str:

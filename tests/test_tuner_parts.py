@@ -17,6 +17,7 @@ from dispatchtune.measure.benchfile import (
     is_dispatch_benchmark,
     strip_compilation_info,
 )
+from dispatchtune.measure.builder import BinaryRegistry
 from dispatchtune.measure.process import classify, run_process
 from dispatchtune.measure.runner import Artifact, LocalRunner, parse_benchmark_json
 from dispatchtune.measure.verify import compare, problem_call, tolerance
@@ -127,3 +128,13 @@ def test_verification_runs_the_function_and_compares_per_element_type(tmp_path: 
     nan[0, 0] = np.nan
     assert compare([nan], [out], ["f32"])[0] == "mismatch"
     assert tolerance("f16") > tolerance("f32") > tolerance("i32") == 0.0
+
+
+def test_a_candidate_built_again_is_not_its_own_duplicate() -> None:
+    """A candidate released unmeasured (budget spent) and built again keeps its binary; another
+    candidate with the same bytes is the duplicate."""
+    registry = BinaryRegistry()
+    assert registry.claim("aa", 7) is None
+    assert registry.claim("aa", 7) is None
+    assert registry.claim("aa", 9) == 7
+    assert registry.claim("bb", 9) is None

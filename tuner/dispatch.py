@@ -565,10 +565,13 @@ class DispatchTuner:
             while True:
                 # Keep the compile workers busy with the next batch while benchmarks run, but do
                 # not build far more binaries than the budget can still use.
+                # Once the benchmarks done and running cover the budget (each of them counts,
+                # failed or not), a new build could only be thrown away.
                 while (
                     not waiting
                     and len(compiles) < 2 * self.jobs
                     and self.benchmarked + len(benches) + len(compiles) < budget + self.jobs
+                    and (self.options.compile_only or self.benchmarked + len(benches) < budget)
                 ):
                     candidate = ready or self._next_candidate(source)
                     ready = None
