@@ -236,21 +236,10 @@ def add_cost_model(parser: argparse.ArgumentParser, orders: Sequence[str], order
 
 
 def order_of(args: argparse.Namespace) -> str:
-    """The order the flags ask for.
+    """The order the flags ask for (without `--order`: `costmodel.defaults.default_order`)."""
+    from dispatchtune.costmodel.defaults import default_order
 
-    Without `--order`: a cost-model file means `model`; so does a GPU target with an installed
-    model (on gfx942 it puts expert-tuned configurations far earlier than the heuristic,
-    docs/gpu_order.md); otherwise `heuristic` (on CPU the heuristic stays the default order).
-    """
-    if args.order is not None:
-        return str(args.order)
-    if args.cost_model is not None:
-        return "model"
-    from dispatchtune.costmodel.defaults import default_model_path
-    from dispatchtune.targets import get_target
-
-    target = get_target(args.target)
-    return "model" if target.is_gpu and default_model_path(target.name) is not None else "heuristic"
+    return str(args.order) if args.order is not None else default_order(args.target, args.cost_model)
 
 
 def progress_of(args: argparse.Namespace) -> bool | None:

@@ -32,6 +32,18 @@ def default_model_path(target_name: str) -> Path | None:
     return None
 
 
+def default_order(target_name: str, model_path: str | Path | None = None) -> str:
+    """The order used when none is asked for: `model` with a model file, or on a GPU target that
+    ships a model (on gfx942 it puts expert-tuned configurations far earlier than the heuristic,
+    docs/gpu_order.md); otherwise `heuristic` (on CPU the heuristic stays the default order)."""
+    from dispatchtune.targets import get_target
+
+    if model_path is not None:
+        return "model"
+    gpu_model = get_target(target_name).is_gpu and default_model_path(target_name) is not None
+    return "model" if gpu_model else "heuristic"
+
+
 def model_for_target(target_name: str, model_path: str | Path | None = None) -> tuple[CostModel, str]:
     """The model to rank with and a short description of where it came from.
 

@@ -26,7 +26,7 @@ def rank(
     candidates: Any,
     problem: Problem | None = None,
     target: Target | str | None = None,
-    order: str = "heuristic",
+    order: str | None = None,
     seed: int = 0,
     model: CostModel | None = None,
 ) -> pd.DataFrame:
@@ -38,15 +38,21 @@ def rank(
     0..n-1 index. `order="random"` is the seeded baseline (a uniform random permutation); the
     heuristic breaks score ties with the same seeded draw. `order="model"` ranks with `model`, or
     when that is None with the target's installed default model (the heuristic where none ships);
-    `model` given with `order="heuristic"` replaces the heuristic too.
+    `model` given with `order="heuristic"` replaces the heuristic too. Without `order`: the
+    target's default (`costmodel.defaults.default_order`).
     """
-    if order not in STATIC_ORDERS:
-        raise InputError(f"unknown order {order!r}; choose one of: {', '.join(STATIC_ORDERS)}")
     table = getattr(candidates, "table", candidates)
-    if not isinstance(table, pd.DataFrame):
-        raise InputError(f"expected a CandidateSet or DataFrame, got {type(candidates).__name__}")
     problem = problem if problem is not None else getattr(candidates, "problem", None)
     target = target if target is not None else getattr(candidates, "target", None)
+    if order is None:
+        from dispatchtune.costmodel.defaults import default_order
+
+        order = "heuristic" if target is None else default_order(
+            target if isinstance(target, str) else target.name)
+    if order not in STATIC_ORDERS:
+        raise InputError(f"unknown order {order!r}; choose one of: {', '.join(STATIC_ORDERS)}")
+    if not isinstance(table, pd.DataFrame):
+        raise InputError(f"expected a CandidateSet or DataFrame, got {type(candidates).__name__}")
 
     table = table.reset_index(drop=True)
     if "candidate_id" not in table:

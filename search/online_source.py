@@ -11,8 +11,8 @@ the study as if measured in it, but only those of the same enumeration (`space_d
 transient are not imported (the study counts their attempts), nor any failure with
 `retry_failed`.
 
-The loop reports a benchmarked candidate with `tell_record` (the whole record goes to the study
-before the loop logs it, see `search.optuna_search`); `recovered` holds the records of this
+The loop reports a benchmarked candidate with `tell` and its record (the whole record goes to the
+study before the loop logs it, see `search.optuna_search`); `recovered` holds the records of this
 worker's results that reached the study but not its log (a kill between the two), for the loop to
 log.
 """
@@ -138,16 +138,16 @@ class OnlineSource:
         return table_candidate(self.cset, self.table.iloc[row], row, self.study.search.n_told,
                                float(self.prior[row]))
 
-    def tell(self, candidate: Candidate, time_ms: float | None) -> None:
-        number = self._trial_of.pop(candidate.candidate_id, None)
-        if number is not None:
-            self.study.tell(number, time_ms)
-
-    def tell_record(self, candidate: Candidate, record: ResultRecord, time_ms: float | None) -> None:
-        """`tell`, with the record the loop is about to log (kept in the study first)."""
+    def tell(
+        self, candidate: Candidate, time_ms: float | None, record: ResultRecord | None = None
+    ) -> None:
         number = self._trial_of.pop(candidate.candidate_id, None)
         if number is None:
             return
+        if record is None:
+            self.study.tell(number, time_ms)
+            return
+        # The whole record goes to the study before the loop logs it (see the module docstring).
         timed_out = record.compile_status == "timeout" and record.compile_timeout_s
         self.study.tell(number, time_ms, transient=record.may_be_transient, record=record.to_json(),
                         timeout_s=float(record.compile_timeout_s or 0.0) if timed_out else 0.0)

@@ -1,9 +1,11 @@
 """`CandidateSource`: where the tuning loop gets its candidates and reports their outcomes.
 
 The loop asks for one candidate at a time and reports back what became of each one it was given:
-`tell` (benchmarked: a time, or None when it failed or miscompiled), `skip` (not measured and not
+`tell` (benchmarked: a time, or None when it failed or miscompiled; with the record the loop is
+about to log, which a source that shares results across workers keeps first), `skip` (not measured and not
 to be asked again: its binary duplicates another's, or this output directory already holds it)
 or `release` (not measured: the budget ran out while it was being built). `close` ends the run.
+`recovered` hands the loop results a shared store holds for this worker that its log lost.
 
 Two implementations: `StaticOrder`, a benchmark order fixed up front (a ranking of the enumerated
 space, or a given list), and `search.online_source.OnlineSource`, which chooses each candidate
@@ -13,7 +15,7 @@ with every result so far.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -23,6 +25,7 @@ from dispatchtune.candidate import Candidate
 
 if TYPE_CHECKING:
     from dispatchtune.costmodel.base import CostModel
+    from dispatchtune.datasets.records import ResultRecord
     from dispatchtune.search.space import CandidateSet
 
 
@@ -39,12 +42,20 @@ class CandidateSource(Protocol):
         """Why `ask` returned None ("" when the source just ran out of candidates)."""
         ...
 
+    @property
+    def recovered(self) -> Sequence[ResultRecord]:
+        """Results held for this worker that its log lacks (a kill between the two writes)."""
+        ...
+
     def ask(self) -> Candidate | None:
         """The next candidate to try, or None when there is none."""
         ...
 
-    def tell(self, candidate: Candidate, time_ms: float | None) -> None:
-        """The candidate was benchmarked: its time, or None when it failed or miscompiled."""
+    def tell(
+        self, candidate: Candidate, time_ms: float | None, record: ResultRecord | None = None
+    ) -> None:
+        """The candidate was benchmarked: its time, or None when it failed or miscompiled;
+        `record` is the result as the loop is about to log it."""
         ...
 
     def skip(self, candidate: Candidate) -> None:
@@ -72,6 +83,7 @@ class StaticOrder:
         self._released: deque[Candidate] = deque()
         self.space_digest = space_digest
         self.stop_reason = ""
+        self.recovered: Sequence[ResultRecord] = ()
 
     def __iter__(self) -> Iterator[Candidate]:
         while (candidate := self.ask()) is not None:
@@ -82,7 +94,9 @@ class StaticOrder:
             return self._released.popleft()
         return next(self._next, None)
 
-    def tell(self, candidate: Candidate, time_ms: float | None) -> None:
+    def tell(
+        self, candidate: Candidate, time_ms: float | None, record: ResultRecord | None = None
+    ) -> None:
         pass
 
     def skip(self, candidate: Candidate) -> None:
@@ -96,7 +110,7 @@ class StaticOrder:
 
 
 def ranked_order(
-    cset: CandidateSet, order: str = "heuristic", seed: int = 0, model: CostModel | None = None
+    cset: CandidateSet, order: str | None = None, seed: int = 0, model: CostModel | None = None
 ) -> StaticOrder:
     """The enumerated space in benchmark order (`dispatchtune.rank`: heuristic, random or model).
 

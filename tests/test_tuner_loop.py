@@ -311,7 +311,7 @@ def test_retry_failed_tries_permanent_failures_again(tmp_path: Path) -> None:
 def test_an_interrupted_confirmation_is_redone_on_resume(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from dispatchtune.tuner.dispatch import decided_records, latest_confirmation
+    from dispatchtune.tuner.report import decided_records, latest_confirmation
 
     out = tmp_path / "run"
     results = out / "results.jsonl"
@@ -328,7 +328,7 @@ def test_an_interrupted_confirmation_is_redone_on_resume(
     partial, complete = latest_confirmation(records, key, HOST.name)
     assert len(partial) == 3 and not complete
     with caplog.at_level("WARNING"):
-        decided = decided_records(records, [key], HOST.name)
+        decided = decided_records(records, [key], HOST.name, warn=True)
     assert not any(r.is_confirm for r in decided) and "confirmation was interrupted" in caplog.text
 
     result = tune(FIXTURE, HOST, out, options, candidates=good)

@@ -53,45 +53,9 @@ from dispatchtune.search.source import CandidateSource
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import iree_compiler_version
 from dispatchtune.tuner.options import TuneOptions
-from dispatchtune.tuner.report import summarize, usable_candidates
+from dispatchtune.tuner.report import latest_confirmation, summarize, usable_candidates
 
 logger = logging.getLogger(__name__)
-
-
-def latest_confirmation(
-    records: Sequence[ResultRecord], problem_key: str, target: str
-) -> tuple[list[ResultRecord], bool]:
-    """The confirm records of a dispatch's latest confirmation, and whether it ran to the end.
-
-    Each confirm record carries its confirmation's plan (rounds x finalists); fewer records than
-    planned means the run was interrupted. Logs written before the plan was recorded count as
-    complete, as they always did.
-    """
-    confirms = [r for r in records if r.is_confirm and r.belongs_to(problem_key, target)]
-    if not confirms:
-        return [], True
-    latest = [r for r in confirms if r.session == confirms[-1].session]
-    planned = latest[-1].confirm_rounds * latest[-1].confirm_finalists
-    return latest, planned == 0 or len(latest) >= planned
-
-
-def decided_records(
-    records: Sequence[ResultRecord], problem_keys: Sequence[str], target: str
-) -> list[ResultRecord]:
-    """The records a report decides from: superseded failed attempts and all but each dispatch's
-    latest complete confirmation left out; an incomplete one is warned about, never used."""
-    records = latest_attempts(records)
-    keep: set[int] = set()
-    for key in problem_keys:
-        latest, complete = latest_confirmation(records, key, target)
-        if complete:
-            keep.update(id(r) for r in latest)
-        else:
-            logger.warning(
-                "%s: the confirmation was interrupted (%d of %d measurements); the best candidate "
-                "is chosen from screening alone: rerun the same command to confirm it",
-                key[:40], len(latest), latest[-1].confirm_rounds * latest[-1].confirm_finalists)
-    return [r for r in records if not r.is_confirm or id(r) in keep]
 
 
 # ---- per-device state -------------------------------------------------------------------------
@@ -507,11 +471,7 @@ class DispatchTuner:
         if self.stop.is_set():  # results of an interrupted run's killed children are void
             return
         time_ms = record.learned_time(self.options.estimator)
-        tell_record = getattr(source, "tell_record", None)  # sources that keep whole records
-        if tell_record is not None:
-            tell_record(candidate, record, time_ms)
-        else:
-            source.tell(candidate, time_ms)
+        source.tell(candidate, time_ms, record)
         self.done.add(candidate.compilation_info)
         self._append(record)
 
@@ -527,7 +487,7 @@ class DispatchTuner:
 
     def _log_recovered(self, source: CandidateSource) -> None:
         """Log results a shared study holds for this worker but its log lost (a kill between)."""
-        for record in getattr(source, "recovered", ()):
+        for record in source.recovered:
             if record.compilation_info in self.done:
                 continue
             self._append(record)

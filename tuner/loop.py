@@ -52,7 +52,7 @@ from dispatchtune.measure.remote import RemoteError, RemoteRunner
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
-from dispatchtune.tuner.dispatch import DispatchTuner, decided_records
+from dispatchtune.tuner.dispatch import DispatchTuner
 from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions
 from dispatchtune.tuner.progress import Progress
 from dispatchtune.tuner.report import TuneResult, write_outputs
@@ -214,6 +214,7 @@ def tune(
     options = options or TuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
+    options = options.for_target(target.name)
     devices = parse_devices(options.devices, options.runner, target.device_uri)
     if not options.compile_only and any(not d.runner for d in devices):
         target.check_runs_here()  # only devices on this machine need this CPU to run the code
@@ -289,7 +290,6 @@ def _tune(
         warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
         records = list(read_results(results_path))
     problems = [d.problem for d in prepared]
-    records = decided_records(records, [p.key for p in problems], target.name)
     result = write_outputs(records, problems, target, out, options, not_tuned=not_tuned)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)

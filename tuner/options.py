@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dispatchtune.costmodel.rank import STATIC_ORDERS
 from dispatchtune.datasets.timing import ESTIMATORS
@@ -19,7 +19,9 @@ class TuneOptions:
     """Knobs of the loop (the CLI flags of `dispatchtune tune`)."""
 
     budget: int = 20  # candidates benchmarked per dispatch (failures and duplicates are free)
-    order: str = "heuristic"  # heuristic | random | model (learned) | online (learns during the run)
+    # heuristic | random | model (learned) | online (learns during the run); "": the target's
+    # default (`costmodel.defaults.default_order`: model on a GPU target that ships one)
+    order: str = ""
     model_path: str | None = None  # learned model file for model/online (default: installed one)
     # Online search: Optuna storage URL (default: sqlite file study.db in the output directory),
     # a wall-clock limit per dispatch, and the no-improvement stop (0 = off).
@@ -61,10 +63,16 @@ class TuneOptions:
     lease_s: int = 30
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
+    def for_target(self, target_name: str) -> TuneOptions:
+        """These options with the order resolved for `target_name` (see `order`)."""
+        from dispatchtune.costmodel.defaults import default_order
+
+        return self if self.order else replace(self, order=default_order(target_name, self.model_path))
+
     def validate(self) -> None:
         if self.budget < 1:
             raise DispatchTuneError("--budget must be at least 1")
-        if self.order not in TUNE_ORDERS:
+        if self.order and self.order not in TUNE_ORDERS:
             raise DispatchTuneError(f"--order must be one of {', '.join(TUNE_ORDERS)}")
         if self.repetitions < 1:
             raise DispatchTuneError("--repetitions must be at least 1")

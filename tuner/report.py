@@ -10,6 +10,7 @@ spec file is written. The summary and the printed report say which case happened
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,10 +21,17 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from dispatchtune.datasets.records import ResultRecord, as_records, records_frame
+from dispatchtune.datasets.records import (
+    ResultRecord,
+    as_records,
+    latest_attempts,
+    records_frame,
+)
 from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
+
+logger = logging.getLogger(__name__)
 
 #: Records as the loop reads them back (`read_results`), or their dict form (`read_records`).
 Records = Iterable[ResultRecord | Mapping[str, Any]]
@@ -128,6 +136,42 @@ def _bracket_baselines(
     return frame
 
 
+def latest_confirmation(
+    records: Sequence[ResultRecord], problem_key: str, target: str
+) -> tuple[list[ResultRecord], bool]:
+    """The confirm records of a dispatch's latest confirmation, and whether it ran to the end.
+
+    Each confirm record carries its confirmation's plan (rounds x finalists); fewer records than
+    planned means the run was interrupted. Logs written before the plan was recorded count as
+    complete, as they always did.
+    """
+    confirms = [r for r in records if r.is_confirm and r.belongs_to(problem_key, target)]
+    if not confirms:
+        return [], True
+    latest = [r for r in confirms if r.session == confirms[-1].session]
+    planned = latest[-1].confirm_rounds * latest[-1].confirm_finalists
+    return latest, planned == 0 or len(latest) >= planned
+
+
+def decided_records(
+    records: Sequence[ResultRecord], problem_keys: Sequence[str], target: str, warn: bool = False
+) -> list[ResultRecord]:
+    """The records a report decides from: superseded failed attempts and all but each dispatch's
+    latest complete confirmation left out; an incomplete one is never used (`warn`: say so)."""
+    records = latest_attempts(records)
+    keep: set[int] = set()
+    for key in problem_keys:
+        latest, complete = latest_confirmation(records, key, target)
+        if complete:
+            keep.update(id(r) for r in latest)
+        elif warn:
+            logger.warning(
+                "%s: the confirmation was interrupted (%d of %d measurements); the best candidate "
+                "is chosen from screening alone: rerun the same command to confirm it",
+                key[:40], len(latest), latest[-1].confirm_rounds * latest[-1].confirm_finalists)
+    return [r for r in records if not r.is_confirm or id(r) in keep]
+
+
 def summarize(
     records: Records,
     problem: Problem,
@@ -136,7 +180,8 @@ def summarize(
     estimator: str = "min",
 ) -> DispatchSummary:
     """What the run found for one dispatch (see the module docstring for how the best is chosen)."""
-    mine = [r for r in as_records(records) if r.belongs_to(problem.key, target.name)]
+    mine = decided_records([r for r in as_records(records) if r.belongs_to(problem.key, target.name)],
+                           [problem.key], target.name)
     summary = DispatchSummary(problem)
     summary.baseline_ms = [estimate(r.times_ms, "median") for r in mine if r.is_baseline]
     base_times = np.asarray([t for r in mine if r.is_baseline for t in r.times_ms], dtype=float)
@@ -438,7 +483,7 @@ def write_outputs(
     """
     from dispatchtune.measure.builder import write_spec_file
 
-    records = as_records(records)
+    records = decided_records(as_records(records), [p.key for p in problems], target.name, warn=True)
     summaries = [
         summarize(records, p, target, options.min_speedup, options.estimator) for p in problems
     ]
