@@ -165,32 +165,14 @@ def output_file(path: Path, flag: str, companions: Sequence[Path] = ()) -> Path:
 
 
 # ---- study storage -----------------------------------------------------------------------------
-#: The PostgreSQL driver the `postgres` extra installs (psycopg 3) and its SQLAlchemy dialect name.
-POSTGRES_DRIVER = "postgresql+psycopg"
-_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-
 def storage_url(url: str, order: str) -> str:
-    """The `--storage` URL to open: checked against the order and the installed driver.
+    """The `--storage` URL to open: checked against the order, then as `open_storage` maps it."""
+    from dispatchtune.search.optuna_search import resolve_storage_url
 
-    `postgresql://` and `postgres://` mean psycopg 3 (the `postgres` extra) whatever SQLAlchemy's
-    default driver for them is (psycopg2 before 2.1), so one URL works on every host.
-    """
     if order != "online":
         raise InputError(f"--storage holds the online search's study; it needs --order online, "
                          f"not --order {order}")
-    if not url.strip():
-        raise InputError("--storage is empty")
-    for scheme in _POSTGRES_SCHEMES:
-        if url.startswith(scheme):
-            url = f"{POSTGRES_DRIVER}://{url[len(scheme):]}"
-    if url.startswith(f"{POSTGRES_DRIVER}://"):
-        import importlib.util
-
-        if importlib.util.find_spec("psycopg") is None:
-            raise InputError("--storage postgresql://... needs the PostgreSQL driver psycopg 3: "
-                             "pip install 'dispatchtune[postgres]'")
-    return url
+    return resolve_storage_url(url)
 
 
 # ---- groups ------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from dispatchtune.datasets.records import MAX_ATTEMPTS
-from dispatchtune.errors import DispatchTuneError, StorageLost
+from dispatchtune.errors import DispatchTuneError, InputError, StorageLost
 from dispatchtune.search.online import OnlineSearch
 
 logger = logging.getLogger(__name__)
@@ -127,8 +127,34 @@ def engine_kwargs(url: str) -> dict[str, Any]:
     return kwargs
 
 
+#: The PostgreSQL driver the `postgres` extra installs (psycopg 3) and its SQLAlchemy dialect name.
+POSTGRES_DRIVER = "postgresql+psycopg"
+_POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+
+def resolve_storage_url(url: str) -> str:
+    """A storage URL as SQLAlchemy should open it, with its driver checked.
+
+    `postgresql://` and `postgres://` mean psycopg 3 (the `postgres` extra) whatever SQLAlchemy's
+    default driver for them is (psycopg2 before 2.1), so one URL works on every host.
+    """
+    if not url.strip():
+        raise InputError("--storage is empty")
+    for scheme in _POSTGRES_SCHEMES:
+        if url.startswith(scheme):
+            url = f"{POSTGRES_DRIVER}://{url[len(scheme):]}"
+    if url.startswith(f"{POSTGRES_DRIVER}://"):
+        import importlib.util
+
+        if importlib.util.find_spec("psycopg") is None:
+            raise InputError("--storage postgresql://... needs the PostgreSQL driver psycopg 3: "
+                             "pip install 'dispatchtune[postgres]'")
+    return url
+
+
 def open_storage(url: str, lease_s: int = LEASE_S) -> optuna.storages.RDBStorage:
     """An RDB storage with heartbeats (lease `lease_s`) and timeouts; a bad URL is one line."""
+    url = resolve_storage_url(url)
     beat = max(1, lease_s // 5)
     for attempt in range(5):
         try:

@@ -218,14 +218,19 @@ def test_storage_needs_the_online_order(tmp_path: Path) -> None:
 
 
 def test_storage_urls_name_the_driver_the_postgres_extra_installs() -> None:
+    """The same mapping from the CLI and from the library (`open_storage`)."""
     from dispatchtune.cli.options import storage_url
+    from dispatchtune.search.optuna_search import resolve_storage_url
 
     assert storage_url("sqlite:///s.db", "online") == "sqlite:///s.db"
     for url in ("postgresql://u@h:5432/db", "postgres://u@h:5432/db"):
         try:
             assert storage_url(url, "online") == "postgresql+psycopg://u@h:5432/db"
+            assert resolve_storage_url(url) == "postgresql+psycopg://u@h:5432/db"
         except InputError as exc:  # only where the extra is not installed
             assert "pip install 'dispatchtune[postgres]'" in str(exc)
+    with pytest.raises(InputError, match="needs --order online"):
+        storage_url("sqlite:///s.db", "heuristic")
 
 
 def test_a_missing_postgres_driver_is_one_line_naming_the_extra(tmp_path: Path) -> None:
