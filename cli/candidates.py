@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from dispatchtune.cli.options import AT_LEAST_0, absolute_path, add_number, add_target, shown
-from dispatchtune.errors import DispatchTuneError, InputError
+from dispatchtune.errors import InputError
 
 _SUMMARY = ("pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups")
 
@@ -61,16 +60,13 @@ def run(args: argparse.Namespace) -> int:
     )
     out = sys.stdout
     if args.json:
-        knob_columns = [c for c in candidates.table.columns if c != "pipeline"]
-        for rank, record in enumerate(candidates.table.to_dict("records")):
-            knobs = {c: _plain(record[c]) for c in knob_columns}
-            line = {
-                "rank": rank,
-                "pipeline": record["pipeline"],
-                "knobs": knobs,
-                "compilation_info": candidates.compilation_info(rank),
-            }
-            out.write(json.dumps(line) + "\n")
+        import numpy as np
+
+        from dispatchtune.cli.rank import write_json_lines
+
+        # Enumeration order, unscored: the same lines as `rank --json` with score null.
+        table = candidates.table.assign(candidate_id=np.arange(len(candidates)), score=np.nan)
+        write_json_lines(candidates, table, problem.key, out)
         return 0
     print(f"# {problem.describe()} on {target.name}: {len(candidates)} candidates", file=out)
     if len(candidates):
@@ -87,12 +83,3 @@ def add_heuristic_filters_flag(parser: argparse.ArgumentParser) -> None:
         "constraints: brings in most expert configurations, and candidates of which some fail "
         "to compile (measured in docs/gpu_order.md; tune records them as compile failures)",
     )
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars -> JSON-ready Python values."""
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (str, int, float)):
-        return value
-    raise DispatchTuneError(f"unexpected value {value!r} in the candidate table")
