@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from dispatchtune.errors import TargetError
+from dispatchtune.errors import DispatchTuneError, TargetError
 from dispatchtune.toolchain import compile_to_text
 
 Backend = Literal["llvm-cpu", "rocm", "cuda"]
@@ -179,6 +179,32 @@ def list_targets() -> tuple[Target, ...]:
 #: `llvm-cpu:<cpu>` names an llvm-cpu target for another CPU (an LLVM CPU name: znver4,
 #: x86-64-v3, ...): its space and features follow that CPU's vector width and registers.
 CPU_PREFIX = "llvm-cpu:"
+#: `rocm:<arch or product>` and `cuda:<sm_NN>` name any GPU IREE knows (`rocm:gfx90a`,
+#: `rocm:mi250x`, `cuda:sm_86`); bare `gfxNNN` and `sm_NN` names mean the same.
+GPU_PREFIXES: dict[str, Backend] = {"rocm:": "rocm", "hip:": "rocm", "cuda:": "cuda"}
+
+#: Compute units of the most common product of a GPU architecture (vendor specifications), for
+#: architecture names IREE gives no CU count for (it knows them for product names only: `mi250x`
+#: 220, `mi300x` 304). Features that count waves per CU use them; name the product for its own.
+_FLAGSHIP_COMPUTE_UNITS = {
+    "gfx908": 120,   # Instinct MI100
+    "gfx90a": 104,   # Instinct MI210 (one MI250X die: 110)
+    "gfx940": 228,   # Instinct MI300A
+    "gfx941": 304,   # Instinct MI300X (early)
+    "gfx942": 304,   # Instinct MI300X
+    "gfx950": 256,   # Instinct MI355X
+    "gfx1100": 96,   # Radeon RX 7900 XTX
+    "gfx1101": 60,   # Radeon RX 7800 XT
+    "gfx1102": 32,   # Radeon RX 7600
+    "gfx1200": 32,   # Radeon RX 9060 XT
+    "gfx1201": 64,   # Radeon RX 9070 XT
+    "sm_70": 80,     # Tesla V100
+    "sm_75": 68,     # GeForce RTX 2080 Ti
+    "sm_80": 108,    # A100
+    "sm_86": 84,     # RTX A6000 / GeForce RTX 3090 (82)
+    "sm_89": 128,    # GeForce RTX 4090
+    "sm_90": 132,    # H100 SXM
+}
 
 
 def get_target(name: str) -> Target:
@@ -189,8 +215,41 @@ def get_target(name: str) -> Target:
             return target
     if wanted.startswith(CPU_PREFIX) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", wanted[len(CPU_PREFIX):]):
         return cpu_target(wanted[len(CPU_PREFIX):])
+    for prefix, backend in GPU_PREFIXES.items():
+        if wanted.startswith(prefix) and re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", wanted[len(prefix):]):
+            return gpu_target(backend, wanted[len(prefix):])
+    if re.fullmatch(r"gfx[0-9a-f]{3,4}", wanted):
+        return gpu_target("rocm", wanted)
+    if re.fullmatch(r"sm_[0-9]{2,3}a?", wanted):
+        return gpu_target("cuda", wanted)
     known = ", ".join(t.name for t in _TARGETS)
-    raise TargetError(f"unknown target {name!r}; known targets: {known}, {CPU_PREFIX}<cpu>")
+    raise TargetError(f"unknown target {name!r}; known targets: {known}, {CPU_PREFIX}<cpu>, "
+                      "gfx<N> or rocm:<arch or product>, sm_<N> or cuda:<sm_N>")
+
+
+@functools.cache
+def gpu_target(backend: Backend, arch: str) -> Target:
+    """A GPU target IREE knows by this architecture or product name (`gfx90a`, `mi250x`,
+    `sm_86`); its facts come from IREE's TargetInfo, so a name IREE does not know fails at the
+    first probe with IREE's one-line error ("Unknown ROCM target ...")."""
+    for known in _TARGETS:  # `rocm:gfx942` is the registered gfx942
+        if known.backend == backend and known.compile_flags[-1].endswith(f"={arch}"):
+            return known
+    if backend == "cuda":
+        flags = ("--iree-hal-target-device=cuda", f"--iree-cuda-target={arch}")
+        device, simds = "cuda://0", 4  # an SM has 4 warp schedulers (Volta to Hopper)
+    else:
+        flags, device, simds = ("--iree-hal-target-device=hip", f"--iree-rocm-target={arch}"), "hip://0", 0
+    return Target(
+        name=arch if re.fullmatch(r"gfx[0-9a-f]{3,4}|sm_[0-9]{2,3}a?", arch) else f"{backend}:{arch}",
+        backend=backend,
+        arch=arch,
+        description=f"{'AMD' if backend == 'rocm' else 'NVIDIA'} {arch} (facts from IREE's target table)",
+        compile_flags=flags,
+        device_uri=device,
+        compute_units_fallback=_FLAGSHIP_COMPUTE_UNITS.get(arch, 0),
+        simds_fallback=simds,
+    )
 
 
 def record_target(name: str, cpu: str = "") -> Target:
@@ -259,17 +318,20 @@ def _probe_gpu(target: Target) -> GpuFacts:
     from iree.compiler import ir
     from iree.compiler.dialects import iree_gpu
 
+    try:
+        text = _executable_target_text(target)
+    except DispatchTuneError as exc:  # IREE's own words: "Unknown ROCM target 'gfx9999'"
+        raise TargetError(f"IREE cannot compile for {target.name}: {exc}") from None
     with ir.Context():
-        info = iree_gpu.TargetInfo.get_gpu_target_info(
-            ir.Attribute.parse(_executable_target_text(target))
-        )
+        info = iree_gpu.TargetInfo.get_gpu_target_info(ir.Attribute.parse(text))
         return GpuFacts(
             arch=str(info.arch),
             subgroup_sizes=tuple(int(s) for s in info.subgroup_size_choices),
             max_threads_per_workgroup=int(info.max_thread_count_per_workgroup),
             max_workgroup_sizes=tuple(int(s) for s in info.max_workgroup_sizes),
             max_workgroup_memory_bytes=int(info.max_workgroup_memory_bytes),
-            compute_units=int(info.workgroup_count) or target.compute_units_fallback,
+            compute_units=int(info.workgroup_count) or target.compute_units_fallback
+            or _FLAGSHIP_COMPUTE_UNITS.get(str(info.arch), 0),
             simds_per_cu=int(info.simds_per_workgroup) or target.simds_fallback,
             mma_intrinsics=tuple(str(i) for i in info.mma_intrinsics),
         )

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         import numpy as np
 
-        from dispatchtune.cli.rank import write_json_lines
+        from dispatchtune.cli.jsonlines import write_json_lines
 
         # Enumeration order, unscored: the same lines as `rank --json` with score null.
         table = candidates.table.assign(candidate_id=np.arange(len(candidates)), score=np.nan)

@@ -180,7 +180,8 @@ def add_target(parser: argparse.ArgumentParser, *, required: bool = False) -> No
     """`--target NAME` (default host unless `required`)."""
     if required:
         parser.add_argument("--target", required=True,
-                            help="target name: host, llvm-cpu:<cpu>, gfx942, mi300x, gfx1100, sm_80 "
+                            help="target name: host, llvm-cpu:<cpu>, gfx942, mi300x, gfx1100, sm_80, "
+                            "or any GPU IREE knows: gfx<N>, rocm:<product>, sm_<N> "
                             "(see `dispatchtune targets`)")
     else:
         parser.add_argument("--target", default="host",

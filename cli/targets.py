@@ -69,4 +69,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{target.name:8s} {target.backend:8s} {target.device_uri:11s} {text}")
             print(f"{'':8s} {target.description}")
             print(f"{'':8s} flags: {' '.join(target.compile_flags)}")
+    if not args.json:
+        print("Any other GPU IREE knows works by name: gfx<N> (gfx90a, gfx950, gfx1201), "
+              "rocm:<product> (rocm:mi250x), sm_<N> or cuda:sm_<N> (sm_86); facts from IREE's target "
+              "table.")
     return 0

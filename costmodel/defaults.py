@@ -22,10 +22,24 @@ logger = logging.getLogger(__name__)
 def default_model_path(target_name: str) -> Path | None:
     """The installed default model file of a target, if one ships.
 
-    A named llvm-cpu target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs
+    A GPU target named by product (`mi300x`) uses its architecture's model (`gfx942.json`). A
+    named llvm-cpu target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs
     whose features already carry the vector width and registers of the CPU they ran on.
     """
-    for name in (target_name, "host") if target_name.startswith("llvm-cpu:") else (target_name,):
+    from dispatchtune.errors import TargetError
+    from dispatchtune.targets import get_target
+
+    names = [target_name]
+    if target_name.startswith("llvm-cpu:"):
+        names.append("host")
+    else:
+        try:
+            target = get_target(target_name)
+        except TargetError:
+            target = None
+        if target is not None and target.is_gpu:
+            names.append(target.arch)
+    for name in names:
         path = MODELS_DIR / f"{name}.json"
         if path.is_file():
             return path

@@ -18,7 +18,7 @@ SMALL = Problem.matmul(256, 256, 512, "f16")
 
 
 def test_the_default_order_follows_the_target() -> None:
-    assert default_order("gfx942") == "model"
+    assert default_order("gfx942") == default_order("mi300x") == "model"  # mi300x is a gfx942
     assert default_order("host") == "heuristic"
     assert default_order("gfx1100") == "heuristic"  # a GPU without a shipped model
     assert default_order("host", "my_model.json") == "model"

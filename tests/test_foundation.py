@@ -117,7 +117,25 @@ def test_targets_registry_and_facts() -> None:
     assert host.native_vector_bytes in (16, 32, 64)
     assert host.cores >= 1 and host.l1d_bytes > 0
     with pytest.raises(TargetError, match="unknown target"):
-        get_target("gfx9000")
+        get_target("radeon-9000")
+
+
+def test_any_gpu_iree_knows_is_a_target_with_its_facts() -> None:
+    """Architecture and product names IREE 3.13 knows: facts from IREE's target table, CU counts
+    of the flagship product where IREE has none for an architecture name."""
+    gfx90a = get_target("gfx90a")
+    assert gfx90a.backend == "rocm" and gfx90a.device_uri == "hip://0"
+    facts = gfx90a.gpu_facts()
+    assert facts.arch == "gfx90a" and facts.subgroup_sizes == (64,) and facts.compute_units == 104
+    assert get_target("rocm:mi250x").gpu_facts().compute_units == 220  # IREE's own product count
+    assert get_target("ROCM:gfx942") is get_target("gfx942")
+    sm86 = get_target("sm_86")
+    assert sm86.backend == "cuda" and sm86.gpu_facts().subgroup_sizes == (32,)
+    assert get_target("cuda:sm_86") is sm86
+    wmma = get_target("gfx1201").gpu_facts()
+    assert any(i.startswith("WMMA") for i in wmma.mma_intrinsics)
+    with pytest.raises(TargetError, match="Unknown ROCM target 'gfx9000'"):
+        get_target("gfx9000").gpu_facts()
 
 
 def test_named_cpu_targets_follow_that_cpu_and_refuse_to_benchmark_what_cannot_run() -> None:
