@@ -83,7 +83,8 @@ def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = Tru
 def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.ndarray, str]:
     """Rows equal to the expert configuration, and (if none) the first attribute that fails."""
     mask = np.ones(len(table), dtype=bool)
-    for column in MATCH_COLUMNS:
+    # Attention also names its value-head (N) workgroup tile, seen only through the workgroups.
+    for column in (*MATCH_COLUMNS, *(["workgroups"] if "workgroups" in expert else [])):
         narrowed = mask & (table[column].to_numpy() == expert[column])
         if not narrowed.any():
             near = sorted({v for v in table.loc[mask, column].tolist()}, key=str)[:8]

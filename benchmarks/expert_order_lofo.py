@@ -196,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"held out {held}", file=sys.stderr)
     rows = []
     groups: list[tuple[str, np.ndarray]] = [("all", np.ones(len(data), bool))]
+    groups += [("contraction+convolution", kinds != "attention")]  # part 2's set, comparable
     groups += [(k, kinds == k) for k in sorted(set(kinds))]
     groups += [(f, files == f) for f in sorted(set(files))]
     for label, select in groups:

@@ -13,7 +13,11 @@ IREE's Python bindings. Older syntax is mapped by meaning first:
   carry workgroup tiles, reduction loops reduction tiles), `#iree_gpu.mma_schedule<intrinsic =
   ..., subgroup_m_count, subgroup_n_count>` and intrinsic names `MFMA_<in>_MxNxK_<out>`.
 Dynamic sizes (`dims_equal [-1, ...]`, `tensor<?x...>`) become `dynamic_size` (2: the SDXL batch).
-Matchers the project cannot rebuild (attention, transform-dialect scripts) are kept with a reason.
+Attention matchers name no shape (any f16 `online_attention`, some with static dims or
+`dim_is_multiple_of`): each becomes one entry per SDXL attention shape it matches
+(`SDXL_ATTENTION_SHAPES`), with its `decomposition_config` (intrinsic, subgroup basis) read with
+IREE's bindings. Matchers the project cannot rebuild (transform-dialect scripts) are kept with a
+reason.
 """
 
 from __future__ import annotations
@@ -30,6 +34,18 @@ from dispatchtune.problem import Problem
 #: Size given to dynamic dimensions: SDXL/punet specs are tuned for batch 2 (classifier-free
 #: guidance), and IREE's collapsed static shapes in the README (2x1024 -> 2048) agree.
 DYNAMIC_SIZE = 2
+
+#: SDXL UNet attention at 1024x1024 (batch 2, head dim 64): (B, heads, M, N, K1, K2) self- and
+#: cross-attention (64 text tokens) at the 64x64 (10 heads) and 32x32 (20 heads) latent levels,
+#: the shapes the shape-free attention matchers were tuned for (IREE's own gfx942 spec names
+#: 2x10x4096x64x64x64).
+SDXL_ATTENTION_SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (2, 10, 4096, 64, 64, 4096), (2, 10, 4096, 64, 64, 64),
+    (2, 20, 1024, 64, 64, 1024), (2, 20, 1024, 64, 64, 64),
+)
+#: The SDXL export's attention layout: Q [B, H, M, K1], K [B, H, K2, K1], V [B, H, N, K2] (V
+#: transposed), O [B, H, M, N]; loops d0..d5 = B, H, M, N, K1, K2 (IREE's gfx942 spec maps).
+_SDXL_ATTENTION_MAPS = ((0, 1, 2, 4), (0, 1, 5, 4), (0, 1, 3, 5), (0, 1, 2, 3))
 
 
 @dataclass(frozen=True)
@@ -257,6 +273,106 @@ def _unit_shapes(maps: list[str]) -> list[tuple[int, ...]]:
     return [tuple(-1 for _ in _loops(_MAP.search(m).group(2))) for m in maps]  # type: ignore[union-attr]
 
 
+def attention_problem(shape: tuple[int, ...], element_type: str, name: str = "") -> Problem:
+    """An SDXL-layout attention (`_SDXL_ATTENTION_MAPS`) of sizes (B, H, M, N, K1, K2)."""
+    names = [f"d{i}" for i in range(6)]
+    return Problem(
+        kind="attention",
+        loop_sizes=tuple(shape),
+        dims={"batch": (0, 1), "m": (2,), "n": (3,), "k1": (4,), "k2": (5,)},
+        element_types=(element_type,) * 4,
+        operand_shapes=tuple(tuple(shape[i] for i in m) for m in _SDXL_ATTENTION_MAPS),
+        indexing_maps=tuple(f"({', '.join(names)}) -> ({', '.join(f'd{i}' for i in m)})"
+                            for m in _SDXL_ATTENTION_MAPS),
+        op_name="iree_linalg_ext.attention",
+        name=name,
+    )
+
+
+def _attention_problems(body: str, name: str) -> list[Problem]:
+    """The SDXL attention shapes a shape-free attention matcher accepts (Q, K, V checks)."""
+    operands = {v: int(i) for v, i in
+                re.findall(r"%(\w+)\s*=\s*transform\.get_operand\s+%\w+\[(\d+)\]", body)}
+    casts = {operands[v]: _tensor(t) for v, t in
+             re.findall(r"cast_compatible_type\s+%(\w+)\s*=\s*tensor<([^>]*)>", body)
+             if v in operands}
+    multiples = [(operands[v], int(d), int(n)) for v, d, n in
+                 re.findall(r"dim_is_multiple_of\s+%(\w+)\[(\d+)\],\s*(\d+)", body)
+                 if v in operands]
+    query = re.search(r"query_type\s*=\s*(\w+)", body)
+    element = query.group(1) if query else casts.get(0, ((), ""))[1]
+    if not element:
+        raise InputError(f"{name}: no query element type in the attention matcher")
+    found = []
+    for shape in SDXL_ATTENTION_SHAPES:
+        dims = [tuple(shape[i] for i in m) for m in _SDXL_ATTENTION_MAPS[:3]]
+        if any(len(cast) != len(dims[i]) or any(c > 0 and c != d for c, d in zip(cast, dims[i], strict=True))
+               for i, (cast, _) in casts.items() if i < 3):
+            continue
+        if any(i < 3 and dims[i][d] % n for i, d, n in multiples):
+            continue
+        found.append(attention_problem(shape, element, name))
+    return found
+
+
+def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertConfig:
+    """An attention compilation_info plus its decomposition_config (current syntax)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    with ir.Context():
+        info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(text))
+        config = iree_gpu.LoweringConfigAttr(info.lowering_config)
+        workgroup = tuple(int(v) for v in config.workgroup_tile_sizes)
+        reduction = tuple(int(v) for v in config.reduction_tile_sizes)
+        parts = ir.DictAttr(ir.Attribute.parse(decomposition))
+        qk = iree_gpu.LoweringConfigAttr(parts["qk_attrs"]["lowering_config"])
+        pv = iree_gpu.LoweringConfigAttr(parts["pv_attrs"]["lowering_config"])
+        intrinsic = re.sub(r".*<(\w+).*", r"\1", str(qk.mma_kind))
+        # A basis is (counts, one count index per loop of its matmul: the op's loops without N
+        # for Q x K^T, without K1 for P x V).
+        m_loop, n_loop = problem.loops("m")[-1], problem.loops("n")[-1]
+        qk_loops = [i for i in range(len(problem.loop_sizes)) if i not in problem.loops("n")]
+        pv_loops = [i for i in range(len(problem.loop_sizes)) if i not in problem.loops("k1")]
+        qk_counts, qk_map = ([int(v) for v in row] for row in qk.subgroup_basis)
+        pv_counts, pv_map = ([int(v) for v in row] for row in pv.subgroup_basis)
+        counts = (qk_counts[qk_map[qk_loops.index(m_loop)]], pv_counts[pv_map[pv_loops.index(n_loop)]])
+        translation = info.translation_info
+        pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(translation.pass_pipeline))
+        wg_size = tuple(int(v) for v in translation.workgroup_size)
+        sg_size = int(translation.subgroup_size)
+        waves = _waves(str(translation.configuration))
+    return ExpertConfig(
+        pipeline=pipeline, workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
+        mma_shape=_mma_shape(intrinsic), subgroup_counts=counts, workgroup_size=wg_size,
+        subgroup_size=sg_size, waves_per_eu=waves,
+    )
+
+
+def _attention_entries(file: str, name: str, body: str, config_text: str) -> list[ExpertEntry]:
+    """One entry per SDXL attention shape the matcher accepts (or one entry saying why not)."""
+    decomposition = re.search(r"transform\.param\.constant\s*(\{.*?\})\s*->\s*!transform",
+                              body, re.DOTALL)
+    if "TransformDialectCodegen" in body or decomposition is None:
+        return [ExpertEntry(file, name, skipped="attention: transform-dialect script, no config")]
+    try:
+        problems = _attention_problems(body, name)
+    except InputError as exc:
+        return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {exc}")]
+    if not problems:
+        return [ExpertEntry(file, name, skipped="attention: matches none of the SDXL shapes")]
+    entries = []
+    for problem in problems:
+        label = f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
+        try:
+            config = _parse_attention(config_text, decomposition.group(1), problem)
+        except Exception as exc:  # any parse failure is reported for this matcher alone
+            entries.append(ExpertEntry(file, label, problem, skipped=f"cannot read config: {exc}"))
+            continue
+        entries.append(ExpertEntry(file, label, problem, config))
+    return entries
+
+
 # ---- configurations -----------------------------------------------------------------------------
 def _config_text(body: str) -> str | None:
     at = body.find("#iree_codegen.compilation_info<")
@@ -377,6 +493,9 @@ def _tile(entries: tuple[int, ...], loops: tuple[int, ...], problem: Problem) ->
 
 def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """Loops of the GEMM view: convolutions fold batch/image into M and filter/channels into K."""
+    if problem.kind == "attention":  # the Q x K^T GEMM view, as `search.gpu`
+        return {"b": problem.loops("batch"), "m": problem.loops("m"), "n": problem.loops("k2"),
+                "k": problem.loops("k1")}
     if problem.kind == "convolution":
         return {
             "b": problem.loops("depth"),
@@ -393,6 +512,23 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
         raise InputError(f"{entry.matcher}: no usable expert configuration ({entry.skipped})")
     problem, config = entry.problem, entry.config
     classes = _classes(problem)
+    if problem.kind == "attention":
+        # The K2 block is a reduction tile; workgroups are counted over batch, M and value N.
+        distributed = (*problem.loops("batch"), *problem.loops("m"), *problem.loops("n"))
+        return {
+            "pipeline": config.pipeline,
+            "intrinsic": config.intrinsic,
+            "tile_b": _tile(config.workgroup, classes["b"], problem),
+            "tile_m": _tile(config.workgroup, classes["m"], problem),
+            "tile_n": _tile(config.reduction, classes["n"], problem),
+            "tile_k": math.prod(problem.loop_sizes[i] for i in classes["k"]),
+            "subgroups_m": config.subgroup_counts[0],
+            "subgroups_n": config.subgroup_counts[1],
+            "workgroup_threads": math.prod(config.workgroup_size),
+            "workgroups": math.prod(
+                -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
+                for i in distributed),
+        }
     return {
         "pipeline": config.pipeline,
         "intrinsic": config.intrinsic,
@@ -425,6 +561,10 @@ def load_spec_file(path: str | Path) -> list[ExpertEntry]:
     entries = []
     for name, body in sequences:
         config_text = _config_text(body)
+        if "attention" in body and ("online_attention" in body or "match.attention" in body):
+            if config_text is not None or "TransformDialectCodegen" in body:
+                entries += _attention_entries(path.name, name, body, config_text or "")
+            continue
         if config_text is None:
             continue
         entries.append(_entry(path.name, name, body, config_text, helpers))

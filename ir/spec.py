@@ -21,6 +21,9 @@ from dispatchtune.problem import DIM_CLASSES, Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
 
+#: Where GPU attention candidates carry their decomposition_config (see `search.gpu.materialize`).
+DECOMPOSITION_KEY = "decomposition_config"
+
 _SPEC_ATTRS = ("transform.with_named_sequence", "iree_codegen.tuning_spec_with_default_entrypoint")
 
 
@@ -41,9 +44,14 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
     names = [matcher_name(p) for p, _ in entries]
     if len(set(names)) != len(names):
         raise DispatchTuneError("a tuning spec can hold one configuration per problem")
-    # Attention gets a second matcher for its online form (what llvm-cpu's matcher sees).
-    online = [(p, c, f"{matcher_name(p)}_online") for p, c in entries if p.kind == "attention"]
     with ir.Context(), ir.Location.unknown():
+        # GPU attention configs carry a decomposition_config, annotated beside compilation_info.
+        split = [(p, *_split_decomposition(p, c)) for p, c in entries]
+        actions = ["apply_attn_op_config" if d else "apply_op_config" for _, _, d in split]
+        # Attention gets a second matcher for its online form (what the matchers see: llvm-cpu
+        # and gfx942 convert attention to online_attention before tuning specs are applied).
+        online = [(p, c, d, f"{matcher_name(p)}_online", a)
+                  for (p, c, d), a in zip(split, actions, strict=True) if p.kind == "attention"]
         module = ir.Module.create()
         # The default-entrypoint format demands a `foreach_match`; a spec that configures nothing
         # (the compiler-default baseline) is a plain library whose entry point only yields.
@@ -55,25 +63,36 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         with ir.InsertionPoint(module.body):
             if entries:
                 _emit_apply_op_config(any_op, any_param, readonly)
-            for (problem, config), name in zip(entries, names, strict=True):
+            if "apply_attn_op_config" in actions:
+                _emit_apply_op_config(any_op, any_param, readonly, decomposition=True)
+            for (problem, config, decomposition), name in zip(split, names, strict=True):
+                params = [any_param] * (2 if decomposition else 1)
                 matcher = transform.NamedSequenceOp(
-                    name, [any_op], [any_op, any_param], arg_attrs=[readonly]
+                    name, [any_op], [any_op, *params], arg_attrs=[readonly]
                 )
                 with ir.InsertionPoint(matcher.body):
                     _emit_match(problem, matcher.bodyTarget)
-                    try:
-                        attr = ir.Attribute.parse(config)
-                    except ir.MLIRError as exc:
-                        raise DispatchTuneError(
-                            f"invalid compilation_info for {problem.key}: {mlir_error_line(exc)}"
-                        ) from None
-                    param = transform.ParamConstantOp(any_param, attr)
-                    transform.YieldOp([matcher.bodyTarget, param.result])
-            for problem, config, name in online:
+                    attrs = [_parse_config(problem, config)]
+                    if decomposition:
+                        attrs.append(ir.Attribute.parse(decomposition))
+                    values = [transform.ParamConstantOp(any_param, a).result for a in attrs]
+                    transform.YieldOp([matcher.bodyTarget, *values])
+            for problem, config, decomposition, name, action in online:
+                actions.append(action)
+                if decomposition:
+                    matcher = transform.NamedSequenceOp(
+                        name, [any_op], [any_op, any_param, any_param], arg_attrs=[readonly]
+                    )
+                    with ir.InsertionPoint(matcher.body):
+                        _emit_online_match(problem, matcher.bodyTarget)
+                        attrs = [_parse_config(problem, config), ir.Attribute.parse(decomposition)]
+                        values = [transform.ParamConstantOp(any_param, a).result for a in attrs]
+                        transform.YieldOp([matcher.bodyTarget, *values])
+                    continue
                 text = _online_attention_matcher(problem, config, name)
                 parsed = ir.Module.parse(text)
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(module.body))
-            names += [name for _, _, name in online]
+            names += [name for *_, name, _ in online]
             entry = transform.NamedSequenceOp(
                 "__kernel_config",
                 [any_op],
@@ -89,7 +108,7 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                         entry.bodyTarget,
                         [],
                         names,
-                        ["apply_op_config"] * len(names),
+                        actions,
                     )
                     transform.YieldOp([matched.updated])
                 else:
@@ -99,17 +118,77 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         return str(module)
 
 
-def _emit_apply_op_config(any_op: Any, any_param: Any, readonly: dict[str, Any]) -> None:
-    """`@apply_op_config(op, config)`: annotate a matched op with its `compilation_info`."""
+def _emit_apply_op_config(
+    any_op: Any, any_param: Any, readonly: dict[str, Any], decomposition: bool = False
+) -> None:
+    """`@apply_op_config(op, config)`: annotate a matched op with its `compilation_info`;
+    `@apply_attn_op_config(op, config, decomposition)` also sets its `decomposition_config`."""
     from iree.compiler import ir
     from iree.compiler.dialects import transform
 
+    params = [any_param] * (2 if decomposition else 1)
     apply = transform.NamedSequenceOp(
-        "apply_op_config", [any_op, any_param], [], arg_attrs=[readonly, readonly]
+        "apply_attn_op_config" if decomposition else "apply_op_config", [any_op, *params], [],
+        arg_attrs=[readonly] * (1 + len(params)),
     )
     with ir.InsertionPoint(apply.body):
         transform.AnnotateOp(apply.bodyTarget, "compilation_info", param=apply.bodyExtraArgs[0])
+        if decomposition:
+            transform.AnnotateOp(
+                apply.bodyTarget, DECOMPOSITION_KEY, param=apply.bodyExtraArgs[1]
+            )
         transform.YieldOp([])
+
+
+def _parse_config(problem: Problem, config: str) -> Any:
+    from iree.compiler import ir
+
+    try:
+        return ir.Attribute.parse(config)
+    except ir.MLIRError as exc:
+        raise DispatchTuneError(
+            f"invalid compilation_info for {problem.key}: {mlir_error_line(exc)}"
+        ) from None
+
+
+def _split_decomposition(problem: Problem, config: str) -> tuple[str, str]:
+    """(compilation_info, decomposition_config) of a config; "" when it has none.
+
+    GPU attention candidates carry their `decomposition_config` inside the lowering_config
+    dictionary (`search.gpu.materialize`); IREE reads it from the op's own attribute, so it is
+    moved there. Any other config is returned unchanged (CPU specs stay byte-identical).
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    if DECOMPOSITION_KEY not in config:
+        return config, ""
+    info = iree_codegen.CompilationInfoAttr(_parse_config(problem, config))
+    if not iree_gpu.LoweringConfigAttr.isinstance(info.lowering_config):
+        return config, ""
+    lowering = iree_gpu.LoweringConfigAttr(info.lowering_config).attributes
+    entries = {lowering[i].name: lowering[i].attr for i in range(len(lowering))}
+    if DECOMPOSITION_KEY not in entries:
+        return config, ""
+    decomposition = entries.pop(DECOMPOSITION_KEY)
+    config_attr = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
+    stripped = iree_codegen.CompilationInfoAttr.get(config_attr, info.translation_info)
+    return str(stripped), str(decomposition)
+
+
+def with_decomposition(info: Any, decomposition: Any) -> Any:
+    """A compilation_info whose lowering_config carries `decomposition` (the candidate form)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    info = iree_codegen.CompilationInfoAttr(info)
+    if not iree_gpu.LoweringConfigAttr.isinstance(info.lowering_config):
+        return info
+    lowering = iree_gpu.LoweringConfigAttr(info.lowering_config).attributes
+    entries = {lowering[i].name: lowering[i].attr for i in range(len(lowering))}
+    entries[DECOMPOSITION_KEY] = decomposition
+    config_attr = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
+    return iree_codegen.CompilationInfoAttr.get(config_attr, info.translation_info)
 
 
 def _emit_match(problem: Problem, handle: Any) -> None:
@@ -138,6 +217,41 @@ def _emit_match(problem: Problem, handle: Any) -> None:
         expected = [problem.sizes(c) for c in DIM_CLASSES["attention"]]
     for value, sizes in zip(dims, expected, strict=True):
         pt.MatchDimsEqualOp(value, list(sizes))
+
+
+def _emit_online_match(problem: Problem, handle: Any) -> None:
+    """`transform.iree.match.online_attention` plus `dims_equal` on every dimension class.
+
+    GPU targets convert attention to online_attention with f32 output, max and sum before
+    tuning specs are applied (IREE's own gfx942 spec matches it the same way).
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import preprocessing_transform as pt
+
+    q_t, k_t, v_t = (ir.Type.parse(t) for t in problem.element_types[:3])
+    acc = ir.F32Type.get()
+    q, k, v, o = (f"affine_map<{m}>" for m in problem.indexing_maps)
+    domain = problem.indexing_maps[3].split("->")[0].strip()
+    out_dims = [d.strip() for d in problem.indexing_maps[3].split("->")[1].strip(" ()").split(",")]
+    n_dims = {f"d{i}" for i in problem.loops("n")}
+    row = f"affine_map<{domain} -> ({', '.join(d for d in out_dims if d not in n_dims)})>"
+    mask = [f"affine_map<{problem.mask_map}>"] if problem.mask_map else []
+    maps = [q, k, v, f"affine_map<{domain} -> ()>", *mask, o, row, row]
+    param = _i64_param_type()
+    dims = pt.MatchOnlineAttentionOp(
+        param, param, param, param, param, handle, q_t, k_t, v_t, q_t, acc, acc, acc,
+        ir.ArrayAttr.get([ir.Attribute.parse(m) for m in maps]),
+    ).results
+    for value, sizes in zip(dims, [problem.sizes(c) for c in DIM_CLASSES["attention"]],
+                            strict=True):
+        pt.MatchDimsEqualOp(value, list(sizes))
+
+
+def _i64_param_type() -> Any:
+    """`!transform.param<i64>`, the type of matched dimension lists."""
+    from iree.compiler import ir
+
+    return ir.Type.parse("!transform.param<i64>")
 
 
 def _online_attention_matcher(problem: Problem, config: str, name: str) -> str:
@@ -274,6 +388,8 @@ def applied_configs(
             info = iree_codegen.CompilationInfoAttr.get(
                 lowering, func.attributes["translation_info"]
             )
+            if DECOMPOSITION_KEY in op.attributes:  # GPU attention: the candidate form
+                info = with_decomposition(info, op.attributes[DECOMPOSITION_KEY])
             configs.append(str(info))
     return configs
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.errors import DispatchTuneError
+from dispatchtune.ir.spec import DECOMPOSITION_KEY, with_decomposition
 from dispatchtune.problem import Problem
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
@@ -58,6 +59,8 @@ class GpuSpace:
     igemm: bool
     image_loops: tuple[int, ...]  # conv output-image loops (direct lowering), else ()
     fixed: Mapping[str, int]  # template literals worth a column (e.g. prefetch_num_stages)
+    kind: str = "contraction"  # the root op kind: contraction, convolution or attention
+    mma_knob: str = "mma_idx"  # the knob picking the intrinsic (attention: the Q x K^T one)
 
     def system(self) -> ConstraintSystem:
         return ConstraintSystem.from_smtlib(self.smtlib)
@@ -191,18 +194,20 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
         subgroup = _entries(template["subgroup"])
     if "subgroup_basis" in template:
         counts = _entries(ir.ArrayAttr(template["subgroup_basis"])[0])
-    intrinsics: list[str] = []
-    shapes: list[tuple[int, int, int]] = []
-    if "mma_kind" in template:
-        kind = template["mma_kind"]
-        options = list(kind.options) if isinstance(kind, iree_codegen.OneOfKnobAttr) else [kind]
-        for option in options:
-            intrinsics.append(re.sub(r".*<(\w+)>.*", r"\1", str(option)))
-            try:
-                mnk = iree_gpu.MMAAttr(option).mnk_shape
-            except (TypeError, ValueError):
-                mnk = iree_gpu.VirtualMMAAttr(option).mnk_shape
-            shapes.append((int(mnk[0]), int(mnk[1]), int(mnk[2])))
+    decomposition = None  # DictAttr.get is a constructor, not dict.get
+    if DECOMPOSITION_KEY in template:
+        decomposition = template[DECOMPOSITION_KEY]
+    mma_knob = "mma_idx"
+    intrinsics: tuple[str, ...] = ()
+    shapes: tuple[tuple[int, int, int], ...] = ()
+    if decomposition is not None:
+        # Attention: intrinsics and subgroup counts live in the decomposition config of its
+        # Q x K^T (`qk_attrs`) and P x V (`pv_attrs`) matmuls; IREE asserts both share M/N.
+        qk = iree_gpu.LoweringConfigAttr(decomposition["qk_attrs"]["lowering_config"]).attributes
+        mma_knob, intrinsics, shapes = _intrinsics(qk["mma_kind"])
+        counts = _entries(ir.ArrayAttr(qk["subgroup_basis"])[0])
+    elif "mma_kind" in template:
+        mma_knob, intrinsics, shapes = _intrinsics(template["mma_kind"])
     fixed: dict[str, int] = {}
     options_attr = None  # DictAttr.get is a constructor, not dict.get
     if "gpu_pipeline_options" in template:
@@ -221,11 +226,23 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     dims_count = len(list(op.operands))
     igemm = False
     image_loops: tuple[int, ...] = ()
-    if linalg.isa_contraction_op(root):
+    kind = "contraction"
+    if "attention" in root.name:
+        kind = "attention"
+        maps = [m.value for m in root.attributes["indexing_maps"]]
+        n_ins = len(root.operands) - len(root.results)
+        detail = iree_codegen.get_attention_op_detail(maps[0], maps[1], maps[2], maps[n_ins])
+        classes = {
+            "b": tuple(detail.batch_dims), "m": tuple(detail.m_dims), "n": tuple(detail.n_dims),
+            "k1": tuple(detail.k1_dims), "k2": tuple(detail.k2_dims),
+        }
+        bounds = _dims_operands(op)
+    elif linalg.isa_contraction_op(root):
         cd = linalg.infer_contraction_dimensions(root)
         classes = {"b": tuple(cd.batch), "m": tuple(cd.m), "n": tuple(cd.n), "k": tuple(cd.k)}
         bounds = _dims_operands(op)
     elif linalg.isa_convolution_op(root):
+        kind = "convolution"
         cv = linalg.infer_convolution_dimensions(root)
         if n_loops == dims_count:
             classes = {
@@ -249,7 +266,7 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
             igemm = True
     else:
         raise DispatchTuneError(
-            f"GPU search supports contractions and convolutions, not {root.name}"
+            f"GPU search supports contractions, convolutions and attention, not {root.name}"
         )
     if len(bounds) != n_loops:
         raise DispatchTuneError(
@@ -258,9 +275,27 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     return GpuSpace(
         index=index, pipeline=pipeline, smtlib=smtlib, knobs=tuple(knobs), workgroup=workgroup,
         reduction=reduction, subgroup_counts=counts, subgroup=subgroup, classes=classes, loop_bounds=bounds,
-        intrinsics=tuple(intrinsics), mma_shapes=tuple(shapes), igemm=igemm or igemm_fixed,
-        image_loops=image_loops, fixed=fixed,
+        intrinsics=intrinsics, mma_shapes=shapes, igemm=igemm or igemm_fixed,
+        image_loops=image_loops, fixed=fixed, kind=kind, mma_knob=mma_knob,
     )
+
+
+def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, int], ...]]:
+    """The knob choosing an `mma_kind` (or "" when fixed), its options' names and M/N/K shapes."""
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    one_of = isinstance(kind, iree_codegen.OneOfKnobAttr)
+    options = list(kind.options) if one_of else [kind]
+    names, shapes = [], []
+    for option in options:
+        names.append(re.sub(r".*<(\w+)>.*", r"\1", str(option)))
+        try:
+            mnk = iree_gpu.MMAAttr(option).mnk_shape
+        except (TypeError, ValueError):
+            mnk = iree_gpu.VirtualMMAAttr(option).mnk_shape
+        shapes.append((int(mnk[0]), int(mnk[1]), int(mnk[2])))
+    knob = str(iree_codegen.OneOfKnobAttr(kind).name) if one_of else "mma_idx"
+    return knob, tuple(names), tuple(shapes)
 
 
 def _root_for(op: Any, roots: list[Any]) -> Any:
@@ -334,7 +369,8 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
             return np.asarray(cols[entry], dtype=np.int64)
         return np.full(rows, entry, dtype=np.int64)
 
-    mma_idx = value("mma_idx") if "mma_idx" in cols else np.zeros(rows, dtype=np.int64)
+    knob = space.mma_knob
+    mma_idx = value(knob) if knob in cols else np.zeros(rows, dtype=np.int64)
     shapes = np.array(space.mma_shapes or [(0, 0, 0)], dtype=np.int64)
     mma = shapes[np.clip(mma_idx, 0, len(shapes) - 1)]
     bounds = space.loop_bounds
@@ -351,25 +387,31 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
             out *= size
         return out
 
-    k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
-    tile_b = tile(space.workgroup, space.classes["b"], None)
-    tile_m = tile(space.workgroup, space.classes["m"], None)
-    tile_n = tile(space.workgroup, space.classes["n"], None)
-    tile_k = tile(space.reduction, space.classes["k"], k_scale)
-    if space.subgroup:
-        # TileAndFuse states per-subgroup tiles; the innermost M/N loop counts in intrinsics.
-        vec_m = _subgroup_tile(space.subgroup, space.classes["m"], mma[:, 0], value, rows)
-        vec_n = _subgroup_tile(space.subgroup, space.classes["n"], mma[:, 1], value, rows)
-        sub_m = np.maximum(tile_m // np.maximum(vec_m, 1), 1)
-        sub_n = np.maximum(tile_n // np.maximum(vec_n, 1), 1)
+    if space.kind == "attention":
+        tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups = (
+            _attention_tiles(space, value, rows)
+        )
     else:
-        sub_m = value("sg_m_cnt") if "sg_m_cnt" in cols else np.ones(rows, dtype=np.int64)
-        sub_n = value("sg_n_cnt") if "sg_n_cnt" in cols else np.ones(rows, dtype=np.int64)
-        vec_m = tile_m // np.maximum(sub_m, 1)
-        vec_n = tile_n // np.maximum(sub_n, 1)
-    size_b = math.prod(bounds[i] for i in space.classes["b"])
-    size_m = math.prod(bounds[i] for i in space.classes["m"])
-    size_n = math.prod(bounds[i] for i in space.classes["n"])
+        k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
+        tile_b = tile(space.workgroup, space.classes["b"], None)
+        tile_m = tile(space.workgroup, space.classes["m"], None)
+        tile_n = tile(space.workgroup, space.classes["n"], None)
+        tile_k = tile(space.reduction, space.classes["k"], k_scale)
+        if space.subgroup:
+            # TileAndFuse states per-subgroup tiles; the innermost M/N loop counts in intrinsics.
+            vec_m = _subgroup_tile(space.subgroup, space.classes["m"], mma[:, 0], value, rows)
+            vec_n = _subgroup_tile(space.subgroup, space.classes["n"], mma[:, 1], value, rows)
+            sub_m = np.maximum(tile_m // np.maximum(vec_m, 1), 1)
+            sub_n = np.maximum(tile_n // np.maximum(vec_n, 1), 1)
+        else:
+            sub_m = value("sg_m_cnt") if "sg_m_cnt" in cols else np.ones(rows, dtype=np.int64)
+            sub_n = value("sg_n_cnt") if "sg_n_cnt" in cols else np.ones(rows, dtype=np.int64)
+            vec_m = tile_m // np.maximum(sub_m, 1)
+            vec_n = tile_n // np.maximum(sub_n, 1)
+        size_b = math.prod(bounds[i] for i in space.classes["b"])
+        size_m = math.prod(bounds[i] for i in space.classes["m"])
+        size_n = math.prod(bounds[i] for i in space.classes["n"])
+        workgroups = (size_b // np.maximum(tile_b, 1)) * -(-size_m // tile_m) * -(-size_n // tile_n)
     threads = np.ones(rows, dtype=np.int64)
     for name in ("wg_size_x", "wg_size_y", "wg_size_z"):
         if name in cols:
@@ -387,9 +429,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "space": np.full(rows, space.index, dtype=np.int64),
         "tile_b": tile_b, "tile_m": tile_m, "tile_n": tile_n, "tile_k": tile_k,
         "vec_m": vec_m, "vec_n": vec_n,
-        "workgroups": (size_b // np.maximum(tile_b, 1))
-        * -(-size_m // tile_m)
-        * -(-size_n // tile_n),
+        "workgroups": workgroups,
         "intrinsic": intrinsic, "mma_m": mma[:, 0], "mma_n": mma[:, 1], "mma_k": mma[:, 2],
         "subgroups_m": sub_m, "subgroups_n": sub_n,
         "subgroup_size": value("sg_size") if "sg_size" in cols else np.zeros(rows, np.int64),
@@ -401,6 +441,41 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
     for knob in space.knobs:
         columns[f"knob_{knob}"] = value(knob)
     return finish_table(columns, rows)
+
+
+def _attention_tiles(space: GpuSpace, value: Any, rows: int) -> tuple[np.ndarray, ...]:
+    """Tiles of an attention row in its Q x K^T GEMM view (M = m, N = K2, K = K1, as the features).
+
+    A workgroup owns `m_tile` query rows and `n_tile` value columns; each reduction step reads a
+    K2 block of `red_k2` keys (the Q x K^T tile's N) against all of K1 (never tiled). Workgroups
+    are counted over batch, M and the value head dim N, the loops IREE distributes.
+    """
+    bounds = space.loop_bounds
+
+    def tile(entries: tuple[Entry, ...], loops: tuple[int, ...]) -> np.ndarray:
+        out = np.ones(rows, dtype=np.int64)
+        for loop in loops:
+            size = value(entries[loop])
+            out *= np.where(size == 0, bounds[loop], size)  # 0 = not tiled: the whole loop
+        return out
+
+    classes = space.classes
+    tile_b = tile(space.workgroup, classes["b"])
+    tile_m = tile(space.workgroup, classes["m"])
+    tile_v = tile(space.workgroup, classes["n"])
+    tile_n = tile(space.reduction, classes["k2"])
+    tile_k = np.full(rows, math.prod(bounds[i] for i in classes["k1"]), dtype=np.int64)
+    # Subgroups split M (and the value head dim N, `sg_n_cnt`, which IREE fixes to 1).
+    counts = dict(zip(("m", "n"), space.subgroup_counts[1:3], strict=False))
+    sub_m = value(counts.get("m", 1))
+    sub_n = value(counts.get("n", 1))
+    size = {c: math.prod(bounds[i] for i in classes[c]) for c in ("b", "m", "n")}
+    workgroups = (
+        -(-size["b"] // tile_b) * -(-size["m"] // tile_m) * -(-size["n"] // tile_v)
+    )
+    vec_m = tile_m // np.maximum(sub_m, 1)
+    vec_n = tile_n // np.maximum(sub_n, 1)
+    return tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups
 
 
 def _subgroup_tile(
@@ -446,6 +521,24 @@ def _with_waves_per_eu(info: Any, waves: int) -> Any:
         ir.DictAttr.get(entries),
     )
     return iree_codegen.CompilationInfoAttr.get(info.lowering_config, translation)
+
+
+def materialize(op: Any, assignments: Mapping[str, int]) -> Any:
+    """IREE's `compilation_info` for one knob assignment of a constraints op.
+
+    Attention also needs a `decomposition_config` (the intrinsics and subgroup bases of its two
+    matmuls), an attribute of the op beside `compilation_info`. So that a candidate stays one
+    attribute (one string in tables, logs and specs), it rides inside the lowering_config
+    dictionary under `decomposition_config`; `ir.spec` moves it back to the op's attribute.
+    """
+    from iree.compiler.dialects import iree_codegen
+
+    info = iree_codegen.materialize_compilation_info(op, dict(assignments))
+    if DECOMPOSITION_KEY not in op.attributes["knobs"]:
+        return info
+    decomposition = iree_codegen.materialize_configuration_attr(
+        op, DECOMPOSITION_KEY, dict(assignments))
+    return with_decomposition(info, decomposition)
 
 
 class GpuMaterializer:
@@ -524,22 +617,16 @@ class GpuMaterializer:
     @staticmethod
     def _materialize(op: Any, names: Sequence[str], values: Sequence[np.ndarray], j: int,
                      waves: int) -> str:
-        from iree.compiler.dialects import iree_codegen
-
-        info = iree_codegen.materialize_compilation_info(
-            op, {k: int(v[j]) for k, v in zip(names, values, strict=True)})
+        info = materialize(op, {k: int(v[j]) for k, v in zip(names, values, strict=True)})
         return str(_with_waves_per_eu(info, waves) if waves > 0 else info)
 
     @staticmethod
     def _template(op: Any, names: Sequence[str], fixed: Mapping[str, int]) -> str | None:
         """A `str.format` template of one constraint op's text (knobs in `names` order; the
         one-of knobs in `fixed` given), or None."""
-        from iree.compiler.dialects import iree_codegen
-
         sentinels = [fixed.get(k, 7_300_001 + 2 * n) for n, k in enumerate(names)]
         try:
-            text = str(iree_codegen.materialize_compilation_info(
-                op, dict(zip(names, sentinels, strict=True))))
+            text = str(materialize(op, dict(zip(names, sentinels, strict=True))))
         except Exception:  # IREE refusing the sentinels: materialise row by row
             return None
         text = text.replace("{", "{{").replace("}", "}}")
@@ -566,8 +653,6 @@ def enumerate_gpu(
         raise DispatchTuneError(
             f"unknown GPU pipeline {pipeline!r}; choose one of {', '.join(GPU_PIPELINES)}"
         )
-    if problem.kind == "attention":
-        raise DispatchTuneError("GPU candidate enumeration supports contractions and convolutions")
     spaces = gpu_spaces(problem, target, heuristic_filters)
     chosen = [s for s in spaces if pipeline is None or s.pipeline == pipeline]
     if not chosen:

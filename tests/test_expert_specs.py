@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dispatchtune.datasets.expert_specs import (
+    SDXL_ATTENTION_SHAPES,
     current_intrinsic,
     expert_columns,
     load_spec_dir,
@@ -19,7 +20,9 @@ FIXTURES = Path(__file__).parent / "fixtures" / "expert_specs"
 
 def test_current_syntax_vectordistribute() -> None:
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
-    assert entries["match_attention_f16"].skipped == "attention"
+    # The shape-free attention matcher becomes one entry per SDXL attention shape it accepts.
+    attention = [e for m, e in entries.items() if m.startswith("match_attention_f16[")]
+    assert [e.problem.loop_sizes for e in attention if e.problem] == list(SDXL_ATTENTION_SHAPES)
     mmt = entries["match_mmt_8192x640x640"]
     assert mmt.problem is not None and mmt.config is not None
     assert mmt.problem.gemm_shape == (1, 8192, 640, 640)
@@ -110,3 +113,23 @@ def test_expert_configurations_are_found_in_the_real_space(tmp_path: Path) -> No
         assert mask.any(), why
         position = expected_position(heuristic_scores(entry.problem, table), mask)
         assert 1 <= position <= len(table)
+
+
+def test_attention_expert_read_by_meaning_and_found_in_the_real_space() -> None:
+    """Decomposition config read with IREE's bindings; the expert is a candidate of its space."""
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.search import enumerate_candidates
+
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
+    entry = entries["match_attention_f16[2x20x1024x64x64x64]"]
+    assert entry.problem is not None and entry.problem.kind == "attention"
+    assert entry.problem.operand_shapes[2] == (2, 20, 64, 64)  # V is [B, H, N, K2]
+    cols = expert_columns(entry)
+    assert cols == {
+        "pipeline": "VectorDistribute", "intrinsic": "VMFMA_F32_32x32x16_F16", "tile_b": 1,
+        "tile_m": 128, "tile_n": 64, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
+        "workgroup_threads": 256, "workgroups": 2 * 20 * 1024 // 128,
+    }
+    table = enumerate_candidates(entry.problem, "gfx942").table
+    mask, why = expert_mask(table, cols)
+    assert mask.any(), why

@@ -166,8 +166,6 @@ def test_candidate_set_concat_fills_missing_knobs() -> None:
 def test_unsupported_inputs_are_one_line_errors() -> None:
     with pytest.raises(DispatchTuneError, match="unknown GPU pipeline"):
         enumerate_candidates(SMALL, "gfx942", pipeline="DoubleTilingExpert")
-    with pytest.raises(DispatchTuneError, match="contractions and convolutions"):
-        enumerate_candidates(Problem.attention(1, 64, 64, 64, 64), "gfx942")
     with pytest.raises(DispatchTuneError, match=r"no GPU constraints|no MMA"):
         enumerate_candidates(Problem.matmul(64, 64, 64, "f32"), "sm_80")
 
@@ -235,3 +233,46 @@ def test_batch_compilation_infos_equal_irees_own_per_row(
         texts = materializer.compilation_infos(rows)
         # A single row is never templated: IREE materialises it directly.
         assert texts == [cands.compilation_info(int(i)) for i in rows.index]
+
+
+ATTENTION = Problem.attention(2, 256, 64, 64, 256, "f16")
+
+
+def test_attention_enumerates_from_irees_constraints() -> None:
+    """Attention: one VectorDistribute space (IREE's), columns in the Q x K^T GEMM view."""
+    (space,) = gpu_spaces(ATTENTION, get_target("gfx942"))
+    assert space.kind == "attention" and space.mma_knob == "qk_mma_idx"
+    cands = enumerate_candidates(ATTENTION, "gfx942")
+    t = cands.table
+    assert len(t) == len(set(_knob_rows(space, t))) > 10
+    assert set(_knob_rows(space, t)) == reference_solutions(space)
+    assert (t["tile_m"] == t["knob_m_tile"]).all() and (t["tile_n"] == t["knob_red_k2"]).all()
+    assert (t["tile_k"] == 64).all()  # K1 (the head dim) is never tiled
+    assert (t["workgroups"] == 2 * (256 // t["knob_m_tile"]) * (64 // t["knob_n_tile"])).all()
+    assert (t["subgroups_m"] * t["subgroups_n"] * t["subgroup_size"] == t["workgroup_threads"]).all()
+    assert (t["vec_m"] * t["subgroups_m"] == t["tile_m"]).all()
+    qk = np.array(space.mma_shapes)[t["knob_qk_mma_idx"].to_numpy()]
+    assert (t["mma_m"].to_numpy() == qk[:, 0]).all()
+    # The decomposition config (both matmuls' intrinsics and subgroup bases) rides in the config.
+    info = cands.compilation_info(len(t) - 1)
+    assert "decomposition_config = {pv_attrs" in info and "qk_attrs" in info
+
+
+def test_attention_candidates_apply_and_compile(tmp_path: Path) -> None:
+    """A spec built from attention candidates is applied exactly (decomposition included)."""
+    cands = enumerate_candidates(ATTENTION, "gfx942")
+    source = tmp_path / "attention.mlir"
+    source.write_text(ATTENTION.to_mlir())
+    target = get_target("gfx942")
+    # Differing intrinsics between the two matmuls, and the last row.
+    mixed = cands.table.index[cands.table["knob_qk_mma_idx"] != cands.table["knob_pv_mma_idx"]]
+    for n, i in enumerate((int(mixed[0]), len(cands) - 1)):
+        info = cands.compilation_info(i)
+        spec = write_spec(tuning_spec([(ATTENTION, info)]), tmp_path / f"spec{i}.mlir")
+        assert "apply_attn_op_config" in spec.read_text()
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        if n == 0:
+            flag = f"{target.tuning_spec_flag}={spec}"
+            proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+                                             str(tmp_path / "attention.vmfb")])
+            assert proc.returncode == 0, proc.stderr[-2000:]
