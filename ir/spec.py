@@ -41,6 +41,10 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
     names = [matcher_name(p) for p, _ in entries]
     if len(set(names)) != len(names):
         raise DispatchTuneError("a tuning spec can hold one configuration per problem")
+    # Unit-batch convolutions on llvm-cpu are configured after their batch loop is restored
+    # (see `_unit_batch_conv_action`), so they leave the top-level match list.
+    unit = [(p, c) for p, c in entries if _needs_unit_batch_action(p, c)]
+    top = [(p, c, n) for (p, c), n in zip(entries, names, strict=True) if (p, c) not in unit]
     # Attention gets a second matcher for its online form (what llvm-cpu's matcher sees).
     online = [(p, c, f"{matcher_name(p)}_online") for p, c in entries if p.kind == "attention"]
     with ir.Context(), ir.Location.unknown():
@@ -55,25 +59,33 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         with ir.InsertionPoint(module.body):
             if entries:
                 _emit_apply_op_config(any_op, any_param, readonly)
-            for (problem, config), name in zip(entries, names, strict=True):
-                matcher = transform.NamedSequenceOp(
-                    name, [any_op], [any_op, any_param], arg_attrs=[readonly]
+            for problem, config, name in top:
+                _emit_config_matcher(problem, config, name, any_op, any_param, readonly)
+            for problem, config in unit:
+                name = matcher_name(problem)
+                _emit_config_matcher(
+                    problem.with_unit_batch(), config, name, any_op, any_param, readonly
                 )
-                with ir.InsertionPoint(matcher.body):
-                    _emit_match(problem, matcher.bodyTarget)
-                    try:
-                        attr = ir.Attribute.parse(config)
-                    except ir.MLIRError as exc:
-                        raise DispatchTuneError(
-                            f"invalid compilation_info for {problem.key}: {mlir_error_line(exc)}"
-                        ) from None
-                    param = transform.ParamConstantOp(any_param, attr)
-                    transform.YieldOp([matcher.bodyTarget, param.result])
+                batchless = transform.NamedSequenceOp(
+                    f"{name}_batchless", [any_op], [any_op], arg_attrs=[readonly]
+                )
+                with ir.InsertionPoint(batchless.body):
+                    _emit_match(problem.without_unit_batch(), batchless.bodyTarget)
+                    transform.YieldOp([batchless.bodyTarget])
+            if unit:
+                text = _unit_batch_conv_action([matcher_name(p) for p, _ in unit])
+                for op in ir.Module.parse(text).body.operations:
+                    if "sym_visibility" not in op.operation.attributes:  # not a declaration
+                        op.operation.clone(ip=ir.InsertionPoint(module.body))
             for problem, config, name in online:
                 text = _online_attention_matcher(problem, config, name)
                 parsed = ir.Module.parse(text)
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(module.body))
-            names += [name for _, _, name in online]
+            names = [name for _, _, name in top] + [name for _, _, name in online]
+            actions = ["apply_op_config"] * len(names)
+            if unit:
+                names.append(_DISPATCH_END)
+                actions.append(_UNIT_BATCH_ACTION)
             entry = transform.NamedSequenceOp(
                 "__kernel_config",
                 [any_op],
@@ -89,7 +101,7 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                         entry.bodyTarget,
                         [],
                         names,
-                        ["apply_op_config"] * len(names),
+                        actions,
                     )
                     transform.YieldOp([matched.updated])
                 else:
@@ -97,6 +109,94 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
             raise DispatchTuneError("built tuning spec failed to verify")
         return str(module)
+
+
+def _emit_config_matcher(
+    problem: Problem, config: str, name: str, any_op: Any, any_param: Any,
+    readonly: dict[str, Any],
+) -> None:
+    """`@name(op) -> (op, config)`: matches one problem's root op and yields its configuration."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import transform
+
+    matcher = transform.NamedSequenceOp(name, [any_op], [any_op, any_param], arg_attrs=[readonly])
+    with ir.InsertionPoint(matcher.body):
+        _emit_match(problem, matcher.bodyTarget)
+        try:
+            attr = ir.Attribute.parse(config)
+        except ir.MLIRError as exc:
+            raise DispatchTuneError(
+                f"invalid compilation_info for {problem.key}: {mlir_error_line(exc)}"
+            ) from None
+        param = transform.ParamConstantOp(any_param, attr)
+        transform.YieldOp([matcher.bodyTarget, param.result])
+
+
+_DISPATCH_END = "match_dispatch_end"
+_UNIT_BATCH_ACTION = "configure_unit_batch_convs"
+_INSERT_BATCH_PASS = "iree-codegen-insert-batch-dim-for-batchless-conv"
+
+
+def _needs_unit_batch_action(problem: Problem, config: str) -> bool:
+    """llvm-cpu configurations of unit-batch convolutions (GPU codegen keeps the op as matched)."""
+    return problem.unit_batch_conv and "#iree_cpu.lowering_config" in config
+
+
+def _unit_batch_conv_action(names: Sequence[str]) -> str:
+    """The matcher/action pair that configures unit-batch convolutions on llvm-cpu, as MLIR text.
+
+    IREE 3.13 matches specs against the batch-less op (its unit batch loop folded away), then
+    llvm-cpu's `iree-codegen-insert-batch-dim-for-batchless-conv` rebuilds the op with a unit batch
+    loop and drops the configuration (measured: the default is compiled, silently). The action
+    runs that same pass from the spec, so the op is rebuilt first, and then configures the rebuilt
+    op (`match_<key>`, 7 loops); IREE's own run of the pass then finds nothing to do. It is
+    triggered by the dispatch function's `func.return`, the last op `foreach_match` visits:
+    triggered at the convolution itself, the rewrite erases ops the walk visits next (iree-compile
+    crashed). `__kernel_config` must hold only the `foreach_match`, hence the pair.
+    """
+    handle = "!transform.any_op"
+    parent = (
+        '"transform.get_parent_op"({}) <{{isolated_from_above, nth_parent = 1 : i64}}> : '
+        f"({handle}) -> {handle}"
+    )
+    collect = "\n".join(
+        f"    %convs{i} = transform.collect_matching @{name}_batchless in %func : "
+        f"({handle}) -> {handle}"
+        for i, name in enumerate(names)
+    )
+    loops = "\n".join(
+        f"""    transform.foreach %convs{i} : {handle} {{
+    ^bb0(%conv: {handle}):
+      %f = {parent.format("%conv")}
+      %expanded = transform.apply_registered_pass "{_INSERT_BATCH_PASS}" to %f : ({handle}) -> {handle}
+      %done = transform.foreach_match in %expanded @{name} -> @apply_op_config : ({handle}) -> {handle}
+    }}"""
+        for i, name in enumerate(names)
+    )
+    # Declarations of the symbols the action refers to, so the text parses on its own.
+    declared = "\n".join(
+        f"  transform.named_sequence private @{sym}(%op: {handle} {{transform.readonly}}) "
+        f"-> ({handle}{results})"
+        for name in names
+        for sym, results in ((f"{name}_batchless", ""), (name, ", !transform.any_param"))
+    )
+    declared += (
+        f"\n  transform.named_sequence private @apply_op_config(%op: {handle} "
+        "{transform.readonly}, %config: !transform.any_param {transform.readonly})"
+    )
+    return f"""module attributes {{transform.with_named_sequence}} {{
+{declared}
+  transform.named_sequence @{_DISPATCH_END}(%op: {handle} {{transform.readonly}}) -> ({handle}) {{
+    transform.match.operation_name %op ["func.return"] : {handle}
+    transform.yield %op : {handle}
+  }}
+  transform.named_sequence @{_UNIT_BATCH_ACTION}(%end: {handle} {{transform.readonly}}) {{
+    %func = {parent.format("%end")}
+{collect}
+{loops}
+    transform.yield
+  }}
+}}"""
 
 
 def _emit_apply_op_config(any_op: Any, any_param: Any, readonly: dict[str, Any]) -> None:
