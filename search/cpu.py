@@ -7,7 +7,8 @@ compile and that a tuner could plausibly want, slow ones included so a cost mode
 
 Knobs (the lists of `#iree_cpu.lowering_config`, one entry per loop of the op):
 - DoubleTilingExpert (contractions: matmul, transposed operands, batch matmul):
-  distribution [b, m, n, 0], vector_common_parallel [1, m, n, 0], vector_reduction [0, 0, 0, k].
+  distribution [b, m, n, 0], vector_common_parallel [1, m, n, 0], vector_reduction [0, 0, 0, k];
+  with several loops of a class (1x1 convolutions: 2-3 M loops) every loop has its own tiles.
 - ConvTileAndDecomposeExpert (2-D NHWC/HWCF convolutions, loops n, oh, ow, oc, kh, kw, ic):
   distribution [n, oh, ow, oc, 0, 0, 0], vector_common_parallel [1, 1, ow, oc, 0, 0, 0],
   vector_reduction [0, 0, 0, 0, 1, 1, ic].
@@ -40,9 +41,10 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   the conv knobs with C5 on the output width; depthwise convs put the channel knobs on the depth
   loop (docs/search_space.md has the measurements).
 
-Known IREE limitation (3.13): a convolution with a unit batch (any layout) cannot be given a
-config by a spec (llvm-cpu re-expands the unit loop after the spec applies and drops it); such
-problems, grouped convolutions and pooling raise `UnsupportedProblem` before anything compiles.
+Unit-batch convolutions reach the spec matcher batch-less; llvm-cpu codegen re-expands them with a
+unit batch loop (`configured_problem`), so their lists have one entry more than the problem's
+loops and the spec configures the re-expanded op (`ir.spec`). Grouped convolutions and pooling
+raise `UnsupportedProblem` before anything compiles.
 """
 
 from __future__ import annotations
@@ -226,6 +228,10 @@ def _convolution(
     if shape.get("batch") != 1 or shape.get("output_image") != 2 or shape.get("filter_loop") != 2:
         raise UnsupportedProblem(
             "CPU search supports 2-D convolutions with one batch loop (not pooling or 1-D/3-D)"
+        )
+    if not (shape.get("depth") or shape.get("output_channel") or shape.get("input_channel")):
+        raise UnsupportedProblem(
+            "CPU search supports convolutions, not pooling (no channel loops to tile)"
         )
     if not (regular or depthwise):
         raise UnsupportedProblem(
