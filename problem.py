@@ -271,7 +271,7 @@ class Problem:
             indexing_maps=tuple(maps),
             strides=self.strides,
             dilations=self.dilations,
-            op_name="linalg.generic",
+            op_name=self.op_name,
             name=self.name,
         )
 
@@ -297,7 +297,7 @@ class Problem:
             indexing_maps=tuple(maps),
             strides=self.strides,
             dilations=self.dilations,
-            op_name="linalg.generic",
+            op_name=self.op_name,
             name=self.name,
         )
 
