@@ -265,7 +265,10 @@ class Problem:
         return Problem(
             kind=self.kind,
             loop_sizes=(1, *self.loop_sizes),
-            dims={"batch": (0,), **{c: tuple(i + 1 for i in v) for c, v in self.dims.items() if c != "batch"}},
+            dims={
+                "batch": (0,),
+                **{c: tuple(i + 1 for i in v) for c, v in self.dims.items() if c != "batch"},
+            },
             element_types=self.element_types,
             operand_shapes=shapes,
             indexing_maps=tuple(maps),
@@ -291,7 +294,10 @@ class Problem:
         return Problem(
             kind=self.kind,
             loop_sizes=self.loop_sizes[1:],
-            dims={"batch": (), **{c: tuple(i - 1 for i in v) for c, v in self.dims.items() if c != "batch"}},
+            dims={
+                "batch": (),
+                **{c: tuple(i - 1 for i in v) for c, v in self.dims.items() if c != "batch"},
+            },
             element_types=self.element_types,
             operand_shapes=shapes,
             indexing_maps=tuple(maps),

@@ -133,8 +133,8 @@ def test_unit_batch_conv_from_ir_applies_compiles_and_computes_the_same(tmp_path
     assert info.count(", ") >= 3 * 6  # seven entries per list: the re-expanded op's loops
     rng = np.random.default_rng(0)
     inputs = []
-    for i, shape in enumerate(((1, 16, 18, 18), (32, 16, 3, 3))):
-        np.save(tmp_path / f"in{i}.npy", rng.normal(size=shape).astype(np.float32))
+    for i, dims in enumerate(((1, 16, 18, 18), (32, 16, 3, 3))):
+        np.save(tmp_path / f"in{i}.npy", rng.normal(size=dims).astype(np.float32))
         inputs.append(f"--input=@{tmp_path / f'in{i}.npy'}")
     default = tmp_path / "default.vmfb"
     proc = run_tool("iree-compile", [str(path), *HOST.compile_flags, "-o", str(default)])
