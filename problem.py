@@ -236,6 +236,77 @@ class Problem:
             name=str(data.get("name", "")),
         )
 
+    # ---- unit-batch convolutions ---------------------------------------------------------------
+    @property
+    def unit_batch_conv(self) -> bool:
+        """A 2-D convolution whose batch is 1: either batch-less (as IREE's spec matcher sees it,
+        the unit loop folded away) or with one unit batch loop d0 (as codegen re-expands it)."""
+        if self.kind != "convolution" or len(self.loops("output_image")) != 2:
+            return False
+        if not (self.loops("depth") or (self.loops("input_channel") and self.loops("output_channel"))):
+            return False  # pooling: IREE keeps its channels as batch
+        batch = self.loops("batch")
+        return not batch or (batch == (0,) and self.loop_sizes[0] == 1)
+
+    def with_unit_batch(self) -> Problem:
+        """The op llvm-cpu codegen makes of a batch-less convolution
+        (`iree-codegen-insert-batch-dim-for-batchless-conv`): a unit loop d0 is prepended, the
+        image and output operands get a leading unit dimension, the filter does not."""
+        if self.loops("batch"):
+            return self
+        n = len(self.loop_sizes)
+        names = [f"d{i}" for i in range(n + 1)]
+        maps = []
+        for i, text in enumerate(self.indexing_maps):
+            exprs = re.sub(r"\bd(\d+)\b", lambda m: f"d{int(m.group(1)) + 1}", text.split("->")[1])
+            exprs = exprs.strip(" ()")
+            maps.append(_map_text(names, [exprs] if i == 1 else ["d0", exprs]))
+        shapes = tuple(s if i == 1 else (1, *s) for i, s in enumerate(self.operand_shapes))
+        return Problem(
+            kind=self.kind,
+            loop_sizes=(1, *self.loop_sizes),
+            dims={
+                "batch": (0,),
+                **{c: tuple(i + 1 for i in v) for c, v in self.dims.items() if c != "batch"},
+            },
+            element_types=self.element_types,
+            operand_shapes=shapes,
+            indexing_maps=tuple(maps),
+            strides=self.strides,
+            dilations=self.dilations,
+            op_name=self.op_name,
+            name=self.name,
+        )
+
+    def without_unit_batch(self) -> Problem:
+        """Inverse of `with_unit_batch`: the batch-less op IREE's spec matcher sees."""
+        if not self.loops("batch"):
+            return self
+        n = len(self.loop_sizes)
+        names = [f"d{i}" for i in range(n - 1)]
+        maps = []
+        for text in self.indexing_maps:
+            exprs = [e.strip() for e in text.split("->")[1].strip(" ()").split(",")]
+            exprs = [e for e in exprs if e != "d0"]
+            exprs = [re.sub(r"\bd(\d+)\b", lambda m: f"d{int(m.group(1)) - 1}", e) for e in exprs]
+            maps.append(_map_text(names, exprs))
+        shapes = tuple(s if i == 1 else s[1:] for i, s in enumerate(self.operand_shapes))
+        return Problem(
+            kind=self.kind,
+            loop_sizes=self.loop_sizes[1:],
+            dims={
+                "batch": (),
+                **{c: tuple(i - 1 for i in v) for c, v in self.dims.items() if c != "batch"},
+            },
+            element_types=self.element_types,
+            operand_shapes=shapes,
+            indexing_maps=tuple(maps),
+            strides=self.strides,
+            dilations=self.dilations,
+            op_name=self.op_name,
+            name=self.name,
+        )
+
     # ---- constructors --------------------------------------------------------------------------
     @classmethod
     def matmul(

@@ -47,11 +47,15 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
     with ir.Context(), ir.Location.unknown():
         # GPU attention configs carry a decomposition_config, annotated beside compilation_info.
         split = [(p, *_split_decomposition(p, c)) for p, c in entries]
-        actions = ["apply_attn_op_config" if d else "apply_op_config" for _, _, d in split]
+        # Unit-batch convolutions on llvm-cpu are configured after their batch loop is restored
+        # (see `_unit_batch_conv_action`), so they leave the top-level match list.
+        unit = [(p, c) for p, c, _ in split if _needs_unit_batch_action(p, c)]
+        top = [(p, c, d, n) for (p, c, d), n in zip(split, names, strict=True)
+               if not _needs_unit_batch_action(p, c)]
         # Attention gets a second matcher for its online form (what the matchers see: llvm-cpu
         # and gfx942 convert attention to online_attention before tuning specs are applied).
-        online = [(p, c, d, f"{matcher_name(p)}_online", a)
-                  for (p, c, d), a in zip(split, actions, strict=True) if p.kind == "attention"]
+        online = [(p, c, d, f"{matcher_name(p)}_online") for p, c, d in split
+                  if p.kind == "attention"]
         module = ir.Module.create()
         # The default-entrypoint format demands a `foreach_match`; a spec that configures nothing
         # (the compiler-default baseline) is a plain library whose entry point only yields.
@@ -63,22 +67,28 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         with ir.InsertionPoint(module.body):
             if entries:
                 _emit_apply_op_config(any_op, any_param, readonly)
-            if "apply_attn_op_config" in actions:
+            if any(d for _, _, d in split):
                 _emit_apply_op_config(any_op, any_param, readonly, decomposition=True)
-            for (problem, config, decomposition), name in zip(split, names, strict=True):
-                params = [any_param] * (2 if decomposition else 1)
-                matcher = transform.NamedSequenceOp(
-                    name, [any_op], [any_op, *params], arg_attrs=[readonly]
+            for problem, config, decomposition, name in top:
+                _emit_config_matcher(problem, config, decomposition, name, any_op, any_param,
+                                     readonly)
+            for problem, config in unit:
+                name = matcher_name(problem)
+                _emit_config_matcher(
+                    problem.with_unit_batch(), config, "", name, any_op, any_param, readonly
                 )
-                with ir.InsertionPoint(matcher.body):
-                    _emit_match(problem, matcher.bodyTarget)
-                    attrs = [_parse_config(problem, config)]
-                    if decomposition:
-                        attrs.append(ir.Attribute.parse(decomposition))
-                    values = [transform.ParamConstantOp(any_param, a).result for a in attrs]
-                    transform.YieldOp([matcher.bodyTarget, *values])
-            for problem, config, decomposition, name, action in online:
-                actions.append(action)
+                batchless = transform.NamedSequenceOp(
+                    f"{name}_batchless", [any_op], [any_op], arg_attrs=[readonly]
+                )
+                with ir.InsertionPoint(batchless.body):
+                    _emit_match(problem.without_unit_batch(), batchless.bodyTarget)
+                    transform.YieldOp([batchless.bodyTarget])
+            if unit:
+                text = _unit_batch_conv_action([matcher_name(p) for p, _ in unit])
+                for op in ir.Module.parse(text).body.operations:
+                    if "sym_visibility" not in op.operation.attributes:  # not a declaration
+                        op.operation.clone(ip=ir.InsertionPoint(module.body))
+            for problem, config, decomposition, name in online:
                 if decomposition:
                     matcher = transform.NamedSequenceOp(
                         name, [any_op], [any_op, any_param, any_param], arg_attrs=[readonly]
@@ -92,7 +102,12 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
                 text = _online_attention_matcher(problem, config, name)
                 parsed = ir.Module.parse(text)
                 parsed.body.operations[0].operation.clone(ip=ir.InsertionPoint(module.body))
-            names += [name for *_, name, _ in online]
+            matched_by = [(n, d) for _, _, d, n in top] + [(n, d) for _, _, d, n in online]
+            names = [n for n, _ in matched_by]
+            actions = ["apply_attn_op_config" if d else "apply_op_config" for _, d in matched_by]
+            if unit:
+                names.append(_DISPATCH_END)
+                actions.append(_UNIT_BATCH_ACTION)
             entry = transform.NamedSequenceOp(
                 "__kernel_config",
                 [any_op],
@@ -116,6 +131,93 @@ def tuning_spec(entries: Sequence[tuple[Problem, str]]) -> str:
         if not module.operation.verify():  # pragma: no cover - verify raises on failure
             raise DispatchTuneError("built tuning spec failed to verify")
         return str(module)
+
+
+def _emit_config_matcher(
+    problem: Problem, config: str, decomposition: str, name: str, any_op: Any, any_param: Any,
+    readonly: dict[str, Any],
+) -> None:
+    """`@name(op) -> (op, config[, decomposition])`: matches one problem's root op and yields its
+    configuration (and its `decomposition_config`, when it has one)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import transform
+
+    params = [any_param] * (2 if decomposition else 1)
+    matcher = transform.NamedSequenceOp(name, [any_op], [any_op, *params], arg_attrs=[readonly])
+    with ir.InsertionPoint(matcher.body):
+        _emit_match(problem, matcher.bodyTarget)
+        attrs = [_parse_config(problem, config)]
+        if decomposition:
+            attrs.append(ir.Attribute.parse(decomposition))
+        values = [transform.ParamConstantOp(any_param, a).result for a in attrs]
+        transform.YieldOp([matcher.bodyTarget, *values])
+
+
+_DISPATCH_END = "match_dispatch_end"
+_UNIT_BATCH_ACTION = "configure_unit_batch_convs"
+_INSERT_BATCH_PASS = "iree-codegen-insert-batch-dim-for-batchless-conv"
+
+
+def _needs_unit_batch_action(problem: Problem, config: str) -> bool:
+    """llvm-cpu configurations of unit-batch convolutions (GPU codegen keeps the op as matched)."""
+    return problem.unit_batch_conv and "#iree_cpu.lowering_config" in config
+
+
+def _unit_batch_conv_action(names: Sequence[str]) -> str:
+    """The matcher/action pair that configures unit-batch convolutions on llvm-cpu, as MLIR text.
+
+    IREE 3.13 matches specs against the batch-less op (its unit batch loop folded away), then
+    llvm-cpu's `iree-codegen-insert-batch-dim-for-batchless-conv` rebuilds the op with a unit batch
+    loop and drops the configuration (measured: the default is compiled, silently). The action
+    runs that same pass from the spec, so the op is rebuilt first, and then configures the rebuilt
+    op (`match_<key>`, 7 loops); IREE's own run of the pass then finds nothing to do. It is
+    triggered by the dispatch function's `func.return`, the last op `foreach_match` visits:
+    triggered at the convolution itself, the rewrite erases ops the walk visits next (iree-compile
+    crashed). `__kernel_config` must hold only the `foreach_match`, hence the pair.
+    """
+    handle = "!transform.any_op"
+    parent = (
+        '"transform.get_parent_op"({}) <{{isolated_from_above, nth_parent = 1 : i64}}> : '
+        f"({handle}) -> {handle}"
+    )
+    collect = "\n".join(
+        f"    %convs{i} = transform.collect_matching @{name}_batchless in %func : "
+        f"({handle}) -> {handle}"
+        for i, name in enumerate(names)
+    )
+    loops = "\n".join(
+        f"""    transform.foreach %convs{i} : {handle} {{
+    ^bb0(%conv: {handle}):
+      %f = {parent.format("%conv")}
+      %expanded = transform.apply_registered_pass "{_INSERT_BATCH_PASS}" to %f : ({handle}) -> {handle}
+      %done = transform.foreach_match in %expanded @{name} -> @apply_op_config : ({handle}) -> {handle}
+    }}"""
+        for i, name in enumerate(names)
+    )
+    # Declarations of the symbols the action refers to, so the text parses on its own.
+    declared = "\n".join(
+        f"  transform.named_sequence private @{sym}(%op: {handle} {{transform.readonly}}) "
+        f"-> ({handle}{results})"
+        for name in names
+        for sym, results in ((f"{name}_batchless", ""), (name, ", !transform.any_param"))
+    )
+    declared += (
+        f"\n  transform.named_sequence private @apply_op_config(%op: {handle} "
+        "{transform.readonly}, %config: !transform.any_param {transform.readonly})"
+    )
+    return f"""module attributes {{transform.with_named_sequence}} {{
+{declared}
+  transform.named_sequence @{_DISPATCH_END}(%op: {handle} {{transform.readonly}}) -> ({handle}) {{
+    transform.match.operation_name %op ["func.return"] : {handle}
+    transform.yield %op : {handle}
+  }}
+  transform.named_sequence @{_UNIT_BATCH_ACTION}(%end: {handle} {{transform.readonly}}) {{
+    %func = {parent.format("%end")}
+{collect}
+{loops}
+    transform.yield
+  }}
+}}"""
 
 
 def _emit_apply_op_config(

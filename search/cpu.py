@@ -7,7 +7,8 @@ compile and that a tuner could plausibly want, slow ones included so a cost mode
 
 Knobs (the lists of `#iree_cpu.lowering_config`, one entry per loop of the op):
 - DoubleTilingExpert (contractions: matmul, transposed operands, batch matmul):
-  distribution [b, m, n, 0], vector_common_parallel [1, m, n, 0], vector_reduction [0, 0, 0, k].
+  distribution [b, m, n, 0], vector_common_parallel [1, m, n, 0], vector_reduction [0, 0, 0, k];
+  with several loops of a class (1x1 convolutions: 2-3 M loops) every loop has its own tiles.
 - ConvTileAndDecomposeExpert (2-D NHWC/HWCF convolutions, loops n, oh, ow, oc, kh, kw, ic):
   distribution [n, oh, ow, oc, 0, 0, 0], vector_common_parallel [1, 1, ow, oc, 0, 0, 0],
   vector_reduction [0, 0, 0, 0, 1, 1, ic].
@@ -40,9 +41,10 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   the conv knobs with C5 on the output width; depthwise convs put the channel knobs on the depth
   loop (docs/search_space.md has the measurements).
 
-Known IREE limitation (3.13): a convolution with a unit batch (any layout) cannot be given a
-config by a spec (llvm-cpu re-expands the unit loop after the spec applies and drops it); such
-problems, grouped convolutions and pooling raise `UnsupportedProblem` before anything compiles.
+Unit-batch convolutions reach the spec matcher batch-less; llvm-cpu codegen re-expands them with a
+unit batch loop (`configured_problem`), so their lists have one entry more than the problem's
+loops and the spec configures the re-expanded op (`ir.spec`). Grouped convolutions and pooling
+raise `UnsupportedProblem` before anything compiles.
 """
 
 from __future__ import annotations
@@ -103,41 +105,19 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
     def add(expr: Any, reason: str) -> None:
         asserts.append((expr, reason))
 
+    configured = configured_problem(problem)
     if problem.kind == "contraction":
         pipeline = "DoubleTilingExpert"
-        for cls in ("m", "n", "k"):
-            if len(problem.loops(cls)) != 1:
-                raise UnsupportedProblem(
-                    f"CPU search supports contractions with one {cls.upper()} loop; "
-                    f"this one has {len(problem.loops(cls))}"
-                )
-        if len(problem.loops("batch")) > 1:
-            raise UnsupportedProblem("CPU search supports contractions with at most one batch loop")
-        b, m, n, k = problem.gemm_shape
-        db, dm, dn, vm, vn, rk = z3.Ints("dist_b dist_m dist_n vec_m vec_n red_k")
-        for size, var, name in ((b, db, "B"), (m, dm, "M"), (n, dn, "N")):
-            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
-        add(z3.And(vm >= 1, dm % vm == 0), "C2 vec_m divides dist_m")
-        add(z3.And(vn >= 1, dn % vn == 0), "C2 vec_n divides dist_n")
-        add(_divisible(z3, k, rk), "C3 reduction tile divides K")
-        add(vm * vn * rk * acc < max_vector, "C4 vector op under IREE's size limit")
-        add(_native_width(z3, vn, n, acc, width), "C5 vec_n fills native vectors")
-        add(vm * vn * acc <= registers * width, "C6 accumulator tile fits the registers")
-        add(db * dm * dn * cores <= b * m * n, "C7 at least one workgroup per core")
-        variables: tuple[str, ...] = ("dist_b", "dist_m", "dist_n", "vec_m", "vec_n", "red_k")
-        loop_of: dict[int, tuple[int | str, int | str, int | str]] = {}
-        for i in problem.loops("batch"):
-            loop_of[i] = ("dist_b", 1, 0)
-        loop_of[problem.loops("m")[0]] = ("dist_m", "vec_m", 0)
-        loop_of[problem.loops("n")[0]] = ("dist_n", "vec_n", 0)
-        loop_of[problem.loops("k")[0]] = (0, 0, "red_k")
+        loop_of, variables = _contraction(z3, problem, add, acc, width, registers, cores, max_vector)
     elif problem.kind == "convolution":
         pipeline = "ConvTileAndDecomposeExpert"
-        loop_of, variables = _convolution(z3, problem, add, acc, width, registers, cores, max_vector)
+        loop_of, variables = _convolution(
+            z3, configured, add, acc, width, registers, cores, max_vector
+        )
     else:
         pipeline = "LinalgExtTileAndVectorize"
         loop_of, variables = _attention(z3, problem, add, acc, width, registers, cores, max_vector)
-    loops = tuple(loop_of[i] for i in range(len(problem.loop_sizes)))
+    loops = tuple(loop_of[i] for i in range(len(configured.loop_sizes)))
 
     return CpuModel(
         pipeline=pipeline,
@@ -151,6 +131,84 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
 Loop = tuple[int | str, int | str, int | str]
 
 
+def configured_problem(problem: Problem) -> Problem:
+    """The op llvm-cpu codegen configures: a batch-less convolution gets its unit batch loop back
+    (`Problem.with_unit_batch`), so its configuration lists have one entry more than the problem."""
+    return problem.with_unit_batch() if problem.unit_batch_conv else problem
+
+
+def _knob_names(problem: Problem, cls: str, prefix: str) -> list[str]:
+    """One knob per loop of a class: the innermost loop takes the plain name (`dist_m`), outer
+    loops an index (`dist_m0`, `dist_m1`, ...), so one-loop problems keep their historic names."""
+    count = len(problem.loops(cls))
+    return [f"{prefix}{j}" for j in range(count - 1)] + [prefix]
+
+
+def _product(z3: Any, names: Sequence[str]) -> Any:
+    result: Any = 1
+    for name in names:
+        result = result * z3.Int(name)
+    return result
+
+
+def _contraction(
+    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
+    max_vector: int,
+) -> tuple[dict[int, Loop], tuple[str, ...]]:
+    """Contractions with any number of batch, M, N and K loops (ResNet's 1x1 convolutions arrive
+    with 2-3 M loops, broadcast batch matmuls with several batch loops).
+
+    Every loop gets its own tiles (batch: distribution; M, N: distribution and vector; K:
+    reduction), so C1-C3 hold per loop and C4, C6 and C7 on the products; C5 applies to the loop
+    that is contiguous in the output (an M loop when the output is transposed, as in NCHW 1x1
+    convolutions). With one loop per class this is exactly the historic matmul model.
+    """
+    for cls in ("m", "n", "k"):
+        if not problem.loops(cls):
+            raise UnsupportedProblem(f"CPU search supports contractions with an {cls.upper()} loop")
+    dist = {c: _knob_names(problem, c, f"dist_{c[0]}") for c in ("batch", "m", "n")}
+    if not problem.loops("batch"):
+        dist["batch"] = ["dist_b"]  # a unit batch, as the historic model
+    vec = {c: _knob_names(problem, c, f"vec_{c}") for c in ("m", "n")}
+    red = _knob_names(problem, "k", "red_k")
+    Int = z3.Int
+    for cls, label in (("batch", "B"), ("m", "M"), ("n", "N")):
+        sizes = problem.sizes(cls) or (1,)
+        for j, (name, size) in enumerate(zip(dist[cls], sizes, strict=True)):
+            suffix = "" if j == len(sizes) - 1 else str(j)
+            add(_divisible(z3, size, Int(name)), f"C1 distribution tile divides {label}{suffix}")
+    for cls in ("m", "n"):
+        for d, v in zip(dist[cls], vec[cls], strict=True):
+            add(z3.And(Int(v) >= 1, Int(d) % Int(v) == 0), f"C2 {v} divides {d}")
+    for j, (name, size) in enumerate(zip(red, problem.sizes("k"), strict=True)):
+        suffix = "" if j == len(red) - 1 else str(j)
+        add(_divisible(z3, size, Int(name)), f"C3 reduction tile divides K{suffix}")
+    vec_all = vec["m"] + vec["n"]
+    add(_product(z3, vec_all + red) * acc < max_vector, "C4 vector op under IREE's size limit")
+    (out_last,) = _last_output_loop(problem)
+    for cls in ("m", "n"):
+        if out_last in problem.loops(cls):
+            v = vec[cls][problem.loops(cls).index(out_last)]
+            size = problem.loop_sizes[out_last]
+            add(_native_width(z3, Int(v), size, acc, width), f"C5 {v} fills native vectors")
+    add(_product(z3, vec_all) * acc <= registers * width, "C6 accumulator tile fits the registers")
+    b, m, n, _ = problem.gemm_shape
+    add(
+        _product(z3, dist["batch"] + dist["m"] + dist["n"]) * cores <= b * m * n,
+        "C7 at least one workgroup per core",
+    )
+    loop_of: dict[int, Loop] = {}
+    for i, name in zip(problem.loops("batch"), dist["batch"], strict=False):
+        loop_of[i] = (name, 1, 0)
+    for cls in ("m", "n"):
+        for i, d, v in zip(problem.loops(cls), dist[cls], vec[cls], strict=True):
+            loop_of[i] = (d, v, 0)
+    for i, name in zip(problem.loops("k"), red, strict=True):
+        loop_of[i] = (0, 0, name)
+    variables = (*dist["batch"], *dist["m"], *dist["n"], *vec["m"], *vec["n"], *red)
+    return loop_of, variables
+
+
 def _convolution(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
     max_vector: int,
@@ -161,11 +219,6 @@ def _convolution(
     applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW).
     """
     shape = {c: len(problem.loops(c)) for c in problem.dims}
-    if problem.size("batch") == 1:
-        raise UnsupportedProblem(
-            "IREE 3.13 llvm-cpu drops tuning-spec configs of unit-batch convolutions (the op is "
-            "re-expanded with a batch loop after the spec applies); only batch >= 2 is tunable"
-        )
     depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
         "input_channel"
     )
@@ -175,6 +228,10 @@ def _convolution(
     if shape.get("batch") != 1 or shape.get("output_image") != 2 or shape.get("filter_loop") != 2:
         raise UnsupportedProblem(
             "CPU search supports 2-D convolutions with one batch loop (not pooling or 1-D/3-D)"
+        )
+    if not (shape.get("depth") or shape.get("output_channel") or shape.get("input_channel")):
+        raise UnsupportedProblem(
+            "CPU search supports convolutions, not pooling (no channel loops to tile)"
         )
     if not (regular or depthwise):
         raise UnsupportedProblem(
@@ -286,11 +343,18 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
     columns: dict[str, Any] = {"pipeline": np.full(rows, model.pipeline, dtype=object)}
     b, m, n, _ = problem.gemm_shape
     if model.pipeline == "DoubleTilingExpert":
-        tile_b = value("dist_b")
-        tile_m, tile_n = value("dist_m"), value("dist_n")
+        # Several loops of a class: the GEMM-view tile is the product of the per-loop tiles.
+        def product(cls: str, position: int) -> np.ndarray:
+            result = np.ones(rows, dtype=np.int64)
+            for i in problem.loops(cls):
+                result = result * value(model.loops[i][position])
+            return result
+
+        tile_b = product("batch", 0)
+        tile_m, tile_n = product("m", 0), product("n", 0)
         columns.update(
-            tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_k"),
-            vec_m=value("vec_m"), vec_n=value("vec_n"),
+            tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=product("k", 2),
+            vec_m=product("m", 1), vec_n=product("n", 1),
         )
     elif model.pipeline == "LinalgExtTileAndVectorize":
         # GEMM view of attention is Q x K^T (M = m, N = k2, K = k1): a workgroup owns whole

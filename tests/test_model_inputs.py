@@ -91,10 +91,10 @@ def test_dumped_benchmark_carries_the_blobs_it_references(tmp_path: Path) -> Non
 
 def test_only_configurable_problems_get_budget() -> None:
     matmul = replace(Problem.matmul(128, 256, 256, "f32"), name="main_dispatch_1_matmul")
-    refused = [p for p in load_problems(EXAMPLES / "conv_nhwc_unit_batch_f32.mlir", HOST)]
+    refused = [p for p in load_problems(FIXTURES / "cpu_maxpool_nchw_f32.mlir", HOST)]
     assert configurable_reason(matmul, HOST) == ""
     reason = configurable_reason(refused[0], HOST)
-    assert "unit-batch" in reason and len(reason.splitlines()) == 1
+    assert "pooling" in reason and len(reason.splitlines()) == 1
     shares = [
         DispatchShare(refused[0], ["main_dispatch_0"], 1, 6.0, 0.6, "main_dispatch_0"),
         DispatchShare(matmul, ["main_dispatch_1"], 1, 3.0, 0.3, "main_dispatch_1"),

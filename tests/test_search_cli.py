@@ -46,7 +46,8 @@ def test_gpu_table_output(capsys: pytest.CaptureFixture[str]) -> None:
         (["{ex}/matmul_f32_512.mlir", "--target", "host", "--pipeline", "TileAndFuse"],
          "unknown CPU pipeline"),
         (["{ex}/matmul_f32_512.mlir", "--target", "host", "--op-index", "3"], "out of range"),
-        (["{ex}/conv_nhwc_unit_batch_f32.mlir", "--target", "host"], "unit-batch"),
+        ([str(Path(__file__).parent / "fixtures" / "cpu_maxpool_nchw_f32.mlir"), "--target", "host"],
+         "not pooling"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(

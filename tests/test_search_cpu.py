@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -67,6 +68,46 @@ def test_contraction_space_equals_brute_force(problem: Problem) -> None:
     b, m, n, k = problem.gemm_shape
     assert len(got) == len(set(got)) > 0
     assert set(got) == _brute_force_contraction(b, m, n, k, 4)
+
+
+def _two_m_loop_contraction(m1: int, m2: int, n: int, k: int) -> Problem:
+    """out[n, m1, m2] = sum_k w[n, k] * x[k, m1, m2]: a 1x1 NCHW convolution at batch 1."""
+    maps = (
+        "(d0, d1, d2, d3) -> (d3, d1, d2)",
+        "(d0, d1, d2, d3) -> (d0, d3)",
+        "(d0, d1, d2, d3) -> (d0, d1, d2)",
+    )
+    return Problem(
+        kind="contraction", loop_sizes=(n, m1, m2, k),
+        dims={"batch": (), "m": (1, 2), "n": (0,), "k": (3,)},
+        element_types=("f32", "f32", "f32"),
+        operand_shapes=((k, m1, m2), (n, k), (n, m1, m2)), indexing_maps=maps,
+    )
+
+
+def test_multi_loop_contraction_space_equals_brute_force() -> None:
+    """Per-loop tiles; C4/C6/C7 on products; C5 on the contiguous output loop (the inner M)."""
+    m1, m2, n, k = 6, 8, 24, 8
+    w, r, cores = FACTS.native_vector_bytes, FACTS.vector_registers, FACTS.cores
+    expected = set()
+    for dn, d1, d2, rk in itertools.product(
+        _divisors(n), _divisors(m1), _divisors(m2), _divisors(k)
+    ):
+        for vn, v1, v2 in itertools.product(_divisors(dn), _divisors(d1), _divisors(d2)):
+            if (
+                v1 * v2 * vn * rk * 4 < FACTS.max_vector_bytes
+                and _c5(v2, m2, 4, w)
+                and v1 * v2 * vn * 4 <= r * w
+                and (n // dn) * (m1 // d1) * (m2 // d2) >= cores
+            ):
+                expected.add((dn, d1, d2, vn, v1, v2, rk))
+    t = enumerate_candidates(_two_m_loop_contraction(m1, m2, n, k), HOST).table
+    cols = [f"knob_distribution_{i}" for i in range(3)]
+    cols += [f"knob_vector_common_parallel_{i}" for i in range(3)] + ["knob_vector_reduction_3"]
+    got = {tuple(int(v) for v in row) for row in t[cols].itertuples(index=False)}
+    assert got == expected and len(t) == len(expected)
+    assert (t["tile_m"] == t["knob_distribution_1"] * t["knob_distribution_2"]).all()
+    assert (t["vec_m"] == t["knob_vector_common_parallel_1"] * t["knob_vector_common_parallel_2"]).all()
 
 
 def test_conv_space_equals_brute_force() -> None:
@@ -178,8 +219,12 @@ def test_vector_size_constraint_is_the_compiler_limit(
 
 
 def test_unsupported_cpu_inputs_are_one_line_errors() -> None:
-    with pytest.raises(UnsupportedProblem, match="unit-batch convolutions"):
-        enumerate_candidates(Problem.conv2d_nhwc_hwcf(1, 8, 8, 16, 16, 3, 3), HOST)
+    with pytest.raises(UnsupportedProblem, match="not pooling"):
+        pooling = Problem.conv2d_nhwc_hwcf(2, 8, 8, 16, 16, 3, 3)
+        enumerate_candidates(
+            replace(pooling, dims={"batch": (0,), "output_image": (1, 2), "filter_loop": (4, 5)}),
+            HOST,
+        )
     with pytest.raises(DispatchTuneError, match="use DoubleTilingExpert"):
         enumerate_candidates(
             Problem.matmul(64, 64, 64), HOST, pipeline="ConvTileAndDecomposeExpert"
