@@ -21,9 +21,9 @@ then train on it with `train-costmodel cpu_dataset --model gbm -o cpu_gbm.json`.
 convolution becomes a matmul with M = batch x H x W), so the `problem_key` in a results log is the
 dispatch IREE built, not necessarily `written_problem_key` of the manifest.
 
-Convolutions all have batch >= 2: with IREE 3.13 a unit-batch convolution's tuning spec is lost on
-llvm-cpu when codegen re-expands the unit dimension (see the README), so such shapes
-cannot be tuned on CPU.
+Convolutions all have batch >= 2: the shipped dataset was collected before unit-batch
+convolutions became configurable (their spec now restores the batch loop first; see
+docs/search_space.md).
 """
 
 from __future__ import annotations
