@@ -9,26 +9,6 @@ from typing import Any, TextIO
 import pandas as pd
 
 
-def compilation_infos(cset: Any, ranked: pd.DataFrame) -> list[str]:
-    """`compilation_info` of every row of a ranked table, in its order: GPU rows in one batch per
-    pipeline (IREE materialises them; per-row pandas access would dominate), others row by row."""
-    import numpy as np
-
-    infos: list[str] = [""] * len(ranked)
-    pipelines = ranked["pipeline"].astype(str).to_numpy()
-    for pipeline in dict.fromkeys(pipelines.tolist()):
-        rows = np.flatnonzero(pipelines == pipeline)
-        batch = getattr(cset.materializers.get(pipeline), "compilation_infos", None)
-        if batch is not None:
-            texts = batch(ranked.iloc[rows])
-        else:
-            ids = ranked["candidate_id"].to_numpy()[rows]
-            texts = [cset.compilation_info(int(i)) for i in ids]
-        for row, text in zip(rows.tolist(), texts, strict=True):
-            infos[row] = text
-    return infos
-
-
 def write_json_lines(cset: Any, ranked: pd.DataFrame, problem_key: str, out: TextIO) -> None:
     """One JSON object per candidate in benchmark order (`candidates --json` schema + score)."""
     import numpy as np
@@ -37,7 +17,7 @@ def write_json_lines(cset: Any, ranked: pd.DataFrame, problem_key: str, out: Tex
     # Column lists zipped into dicts: native Python values, several times faster than to_dict.
     values = [ranked[c].tolist() for c in knob_columns]
     knobs = [dict(zip(knob_columns, row, strict=True)) for row in zip(*values, strict=True)]
-    infos = compilation_infos(cset, ranked)
+    infos = cset.compilation_infos(ranked["candidate_id"].to_numpy())
     scores = ranked["score"].to_numpy(dtype=np.float64).tolist()
     ids = ranked["candidate_id"].to_numpy().tolist()
     pipelines = ranked["pipeline"].astype(str).tolist()

@@ -395,16 +395,19 @@ class CpuMaterializer:
         self.n_loops = n_loops
 
     def compilation_info(self, row: pd.Series) -> str:
+        return self.compilation_infos(row.to_frame().T)[0]
+
+    def compilation_infos(self, rows: pd.DataFrame) -> list[str]:
+        """`compilation_info` text of many rows, in their order (columnar: no per-row pandas)."""
         lists = []
         for name in _LISTS:
-            values = ", ".join(str(int(row[f"knob_{name}_{i}"])) for i in range(self.n_loops))
-            lists.append(f"{name} = [{values}]")
-        return (
-            "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
-            + ", ".join(lists)
-            + ">, translation_info = #iree_codegen.translation_info<pipeline = "
-            + f"#iree_cpu.pipeline<{self.pipeline}>>>"
-        )
+            columns = [f"knob_{name}_{i}" for i in range(self.n_loops)]
+            values = rows[columns].to_numpy(dtype=np.int64).tolist()
+            lists.append([f"{name} = [{', '.join(map(str, v))}]" for v in values])
+        head = "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        tail = (">, translation_info = #iree_codegen.translation_info<pipeline = "
+                f"#iree_cpu.pipeline<{self.pipeline}>>>")
+        return [head + ", ".join(entries) + tail for entries in zip(*lists, strict=True)]
 
 
 def cpu_system(model: CpuModel) -> ConstraintSystem:

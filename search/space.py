@@ -51,7 +51,7 @@ materialised on demand by IREE from the constraints op and the row's knobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -74,9 +74,13 @@ GPU_PIPELINES = ("TileAndFuse", "VectorDistribute")
 
 
 class Materializer(Protocol):
-    """Turns one row of a candidate table into `compilation_info` text."""
+    """Turns rows of a candidate table into `compilation_info` text."""
 
     def compilation_info(self, row: pd.Series) -> str: ...
+
+    def compilation_infos(self, rows: pd.DataFrame) -> list[str]:
+        """The text of many rows at once, in their order (a whole ranked space: batch it)."""
+        ...
 
 
 def finish_table(columns: dict[str, Any], rows: int) -> pd.DataFrame:
@@ -139,10 +143,21 @@ class CandidateSet:
         digest.update(hashed.tobytes())
         return digest.hexdigest()[:16]
 
-    def iter_compilation_infos(self, rows: Sequence[int] | None = None) -> Iterator[str]:
-        """`compilation_info` text of the given rows (all rows by default), in that order."""
-        for i in rows if rows is not None else range(len(self.table)):
-            yield self.compilation_info(int(i))
+    def compilation_infos(self, rows: Sequence[int] | None = None) -> list[str]:
+        """`compilation_info` text of the given rows (all rows by default), in that order; one
+        batch per pipeline (per-row access would dominate a 59,000-row GPU space)."""
+        ids = np.arange(len(self.table)) if rows is None else np.asarray(rows, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.table)):
+            raise IndexError(f"candidate rows out of range (0..{len(self.table) - 1})")
+        subset = self.table.iloc[ids]
+        pipelines = subset["pipeline"].astype(str).to_numpy()
+        texts: list[str] = [""] * len(ids)
+        for pipeline in dict.fromkeys(pipelines.tolist()):
+            positions = np.flatnonzero(pipelines == pipeline)
+            batch = self.materializers[pipeline].compilation_infos(subset.iloc[positions])
+            for position, text in zip(positions.tolist(), batch, strict=True):
+                texts[position] = text
+        return texts
 
     def head(self, n: int) -> CandidateSet:
         """The first n candidates (same order)."""

@@ -101,7 +101,7 @@ def test_compilation_info_is_materialised_from_the_row() -> None:
         assert f"pipeline = #iree_gpu.pipeline<{row['pipeline']}>" in text
         assert row["intrinsic"] in text
         assert f"workgroup_size = [{row['workgroup_threads']}, 1, 1]" in text
-    assert len(list(cands.iter_compilation_infos([0, 1]))) == 2
+    assert cands.compilation_infos([0, 1]) == [cands.compilation_info(0), cands.compilation_info(1)]
 
 
 def test_order_is_deterministic_and_limit_is_a_prefix() -> None:
