@@ -74,13 +74,16 @@ def parse_devices(entries: Sequence[str], default_runner: str, default_uri: str)
 @contextmanager
 def remote_runners(specs: Sequence[DeviceSpec], connect: bool = True) -> Iterator[Mapping[str, RemoteRunner]]:
     """One runner (one connection, one benchmark stream) per remote device, by device name;
-    connected up front when `connect` (an unreachable host or a wrong runtime version is one
-    error before anything is compiled), closed at the end."""
+    connected up front when `connect` (an unreachable host, a wrong runtime version or a device
+    whose driver does not load there is one error before anything is compiled), closed at the
+    end."""
     runners = {s.name: RemoteRunner(parse_transport(s.runner)) for s in specs if s.runner}
     try:
         if connect:
-            for runner in runners.values():
-                runner.connect()
+            for spec in specs:
+                if spec.runner:
+                    runners[spec.name].connect()
+                    runners[spec.name].check_device(spec.uri)
         yield runners
     finally:
         for runner in runners.values():

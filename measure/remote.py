@@ -50,6 +50,8 @@ from dispatchtune.measure.runner import (
     RunOutcome,
     benchmark_args,
     benchmark_outcome,
+    check_listed,
+    list_devices_args,
     run_args,
 )
 from dispatchtune.measure.verify import Call, numpy_dtype
@@ -438,6 +440,12 @@ class RemoteRunner:
         args = benchmark_args(module, artifact.device, settings, there, dispatch_statistics)
         reply = self._request("iree-benchmark-module", args, files, [], settings.timeout_s)
         return benchmark_outcome(reply.result, settings, artifact.device, dispatch_statistics)
+
+    def check_device(self, uri: str) -> None:
+        args = list_devices_args(uri)
+        if args is not None:
+            reply = self._request("iree-run-module", args, {}, [], 60.0)
+            check_listed(reply.result, uri, f"on {self.label}")
 
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         if not artifact.vmfb.exists():  # as the local runner reports it, without a round trip

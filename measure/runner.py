@@ -21,6 +21,7 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from dispatchtune.errors import InputError
 from dispatchtune.measure.builder import CpuSlots
 from dispatchtune.measure.process import ProcessResult, run_process
 from dispatchtune.measure.verify import Call, read_outputs
@@ -103,6 +104,35 @@ class Runner(Protocol):
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         """Run `call` once and read back its results."""
         ...
+
+    def check_device(self, uri: str) -> None:
+        """Raise a one-line `InputError` if the device's driver does not load where this runner
+        runs (a GPU URI without its runtime library): checked before anything is built."""
+        ...
+
+
+#: Drivers every IREE runtime has on any machine: nothing to check.
+_ALWAYS_THERE = ("local-sync", "local-task")
+
+
+def list_devices_args(uri: str) -> list[str] | None:
+    """`iree-run-module` arguments that load the driver of `uri` (None: nothing to check)."""
+    driver = uri.split("://", 1)[0]
+    return None if driver in _ALWAYS_THERE else [f"--list_devices={driver}"]
+
+
+def check_listed(result: ProcessResult, uri: str, where: str) -> None:
+    """Turn a failed `list_devices_args` run into the one-line refusal of `check_device`."""
+    if result.ok:
+        return
+    lines = [line.strip() for line in (result.stderr + result.stdout).splitlines()]
+    # IREE's status lines ("...: UNAVAILABLE; HIP runtime library ... not available") say why.
+    reason = next((line.split("; ", 1)[-1].rstrip(": ") for code in ("UNAVAILABLE", "NOT_FOUND")
+                   for line in lines if f"{code};" in line), result.error or "the driver did not load")
+    raise InputError(
+        f"device {uri} is not available {where} ({reason[:200]}); use --compile-only to build and "
+        "check candidates here, or --runner ssh://HOST to benchmark on a machine that has it"
+    )
 
 
 def parse_benchmark_json(text: str, timer: str = "real") -> BenchmarkReport:
@@ -202,6 +232,12 @@ class LocalRunner:
         with held:
             result = run_process(command, settings.timeout_s)
         return benchmark_outcome(result, settings, artifact.device, dispatch_statistics)
+
+    def check_device(self, uri: str) -> None:
+        args = list_devices_args(uri)
+        if args is not None:
+            check_listed(run_process([tool_path("iree-run-module"), *args], 60.0), uri,
+                         "on this machine")
 
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         # Outputs go to raw files next to the binary and are gone once read.

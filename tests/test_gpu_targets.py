@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dispatchtune.datasets.records import read_results
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "matmul_transpose_b_f16.mlir"
@@ -22,3 +24,22 @@ def test_tune_compile_only_on_an_unlisted_gpu(tmp_path: Path) -> None:
     built = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
     assert built and built[0].target == "gfx90a" and built[0].compile_status == "ok"
     assert "MFMA" in built[0].compilation_info  # CDNA2's intrinsics, from IREE's target table
+
+
+def test_benchmarking_on_a_gpu_this_machine_lacks_is_one_line_before_any_build(tmp_path: Path) -> None:
+    from dispatchtune.measure.process import run_process
+    from dispatchtune.toolchain import tool_path
+
+    if run_process([tool_path("iree-run-module"), "--list_devices=hip"], 60.0).ok:
+        pytest.skip("this machine has a HIP runtime: the refusal cannot be shown")
+    out = tmp_path / "gfx942"
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(EXAMPLE), "--target", "gfx942",
+         "--budget", "1", "--no-progress", "-o", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "device hip://0 is not available on this machine" in lines[0]
+    assert "--compile-only" in lines[0] and "Traceback" not in done.stderr
+    assert not (out / "results.jsonl").exists()  # nothing built, nothing logged

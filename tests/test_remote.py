@@ -358,3 +358,24 @@ def test_what_a_login_script_prints_before_the_agent_is_passed_over(
         assert runner.benchmark(artifact, BenchSettings(1, 0.01, 60), call).ok
     finally:
         runner.close()
+
+
+def test_a_device_whose_driver_does_not_load_there_is_refused_at_connect(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU URI on a remote side without its runtime library: one line before anything is built,
+    not a failed baseline per dispatch."""
+    from dispatchtune.measure.process import run_process
+    from dispatchtune.toolchain import tool_path
+
+    if run_process([tool_path("iree-run-module"), "--list_devices=hip"], 60.0).ok:
+        pytest.skip("this machine has a HIP runtime: the refusal cannot be shown")
+    monkeypatch.setenv("DISPATCHTUNE_REMOTE_PYTHON", sys.executable)
+    runner = RemoteRunner(parse_transport("cmd:env"))
+    try:
+        runner.connect()
+        runner.check_device("local-sync")  # always there
+        with pytest.raises(InputError, match=r"device hip://0 is not available on cmd:env \(HIP"):
+            runner.check_device("hip://0")
+    finally:
+        runner.close()

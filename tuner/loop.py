@@ -49,6 +49,7 @@ from dispatchtune.measure.benchfile import (
 )
 from dispatchtune.measure.devices import parse_devices, remote_runners
 from dispatchtune.measure.remote import RemoteError, RemoteRunner
+from dispatchtune.measure.runner import LocalRunner
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
@@ -218,6 +219,9 @@ def tune(
     devices = parse_devices(options.devices, options.runner, target.device_uri)
     if not options.compile_only and any(not d.runner for d in devices):
         target.check_runs_here()  # only devices on this machine need this CPU to run the code
+        for device in devices:
+            if not device.runner:
+                LocalRunner().check_device(device.uri)  # a GPU here: before anything is built
     # Absolute from here on: every path derived from these reaches IREE's tools, where a
     # relative name starting with '-' would be read as an option.
     out = Path(output_dir).absolute()
