@@ -528,10 +528,13 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
             out *= size
         return out
 
+    extra: dict[str, np.ndarray] = {}
     if space.kind == "attention":
         tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups = (
             _attention_tiles(space, value, rows)
         )
+        # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
+        extra["tile_v"] = _attention_value_tile(space, value, rows)
     else:
         k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
         tile_b = tile(space.workgroup, space.classes["b"], None)
@@ -579,6 +582,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "tile_oh": tile(space.workgroup, image[:1], None) if len(image) == 2 else zeros,
         "tile_ow": tile(space.workgroup, image[1:], None) if len(image) == 2 else zeros,
     }
+    columns.update(extra)
     for knob in space.knobs:
         columns[f"knob_{knob}"] = value(knob)
     return finish_table(columns, rows)
@@ -617,6 +621,14 @@ def _attention_tiles(space: GpuSpace, value: Any, rows: int) -> tuple[np.ndarray
     vec_m = tile_m // np.maximum(sub_m, 1)
     vec_n = tile_n // np.maximum(sub_n, 1)
     return tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups
+
+
+def _attention_value_tile(space: GpuSpace, value: Any, rows: int) -> np.ndarray:
+    out = np.ones(rows, dtype=np.int64)
+    for loop in space.classes["n"]:
+        size = value(space.workgroup[loop])
+        out *= np.where(size == 0, space.loop_bounds[loop], size)
+    return out
 
 
 def _subgroup_tile(
