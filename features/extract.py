@@ -427,7 +427,8 @@ def _gpu_features(
         # Q (tm x K1), K (K2 block x K1) and V (K2 block x value tile tv) are staged (IREE
         # promotes all three); the S block (tm x K2 block) and the output (tm x tv) accumulate
         # in f32 registers.
-        tv = _positive(columns, "tile_v", n, tn)
+        tv = _positive(columns, "tile_v", n, 0.0)
+        tv = np.where(tv > 0, tv, tn)
         smem = tb * (tk * (stage_a * tm * a + stage_b * tn * b) + stage_b * tn * tv * b)
         acc = tb * tm * (tn + tv) / threads
     limit = float(max(target.max_workgroup_memory_bytes, 1))

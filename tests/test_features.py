@@ -179,7 +179,7 @@ def test_schema_check_for_stored_models() -> None:
         check_feature_schema(FEATURE_SCHEMA_VERSION, list(FEATURE_NAMES)[:-1])
 
 
-def _real_row(problem: Problem, **knobs: int) -> tuple[pd.Series, pd.Series]:
+def _real_row(problem: Problem, **knobs: int | str) -> tuple[pd.Series, pd.Series]:
     """One candidate of a real gfx942 space (chosen by IREE knobs) and its features."""
     from dispatchtune.search import enumerate_candidates
 
