@@ -6,9 +6,9 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   grid by the median expert position on the *other* files);
 - `pairwise`: a logistic pairwise prior on standardised log-features (expert above each other
   candidate of its dispatch), trained on the other files;
-- `prior`: the shipped model class (`costmodel.pairwise.PairwiseModel`: log-features only, no
-  heuristic terms), with IREE's default configuration as a weaker positive (`prior_nodefault`:
-  without it).
+- `prior`: the shipped model class (`costmodel.pairwise.PairwiseModel`), with IREE's default
+  configuration as a weaker positive (`prior_nodefault`: without it; `prior_kind`: without it,
+  with per-kind basis terms so attention gets weights of its own, `--kind-terms` saves that one).
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
 `--save FILE` then trains the prior on every file and writes it as a model file (the shipped
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
@@ -151,10 +151,11 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
             np.concatenate([g for _, g in labels]))
 
 
-def fit_prior(data: Sequence[Expert], weak: bool, c: float) -> PairwiseModel:
+def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False
+              ) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
     pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
-    return PairwiseModel(c=c).fit(features, labels, groups, pipelines)
+    return PairwiseModel(c=c, kind_terms=kind_terms).fit(features, labels, groups, pipelines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -166,11 +167,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the whole valid space (without IREE's heuristic filters)")
     parser.add_argument("--grid", action="store_true", help="also the grid-tuned heuristic")
     parser.add_argument("--save", type=Path, help="train the prior on every file, write it here")
+    parser.add_argument("--kind-terms", action="store_true",
+                        help="--save the prior with per-kind (attention) basis terms")
     args = parser.parse_args(argv)
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
-    names = ["heuristic", "pairwise", "prior_nodefault", "prior"] + (["grid"] if args.grid else [])
+    names = ["heuristic", "pairwise", "prior_nodefault", "prior", "prior_kind"] + (
+        ["grid"] if args.grid else [])
     fraction = {name: np.zeros(len(data)) for name in names}
     for i, (_, _, _, f, mask, _) in enumerate(data):
         fraction["heuristic"][i] = expected_position(HeuristicModel().predict(f), mask) / len(f)
@@ -186,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
                              [d[4] for d in training], args.c)
         priors = {"prior": fit_prior(training, True, args.c),
-                  "prior_nodefault": fit_prior(training, False, args.c)}
+                  "prior_nodefault": fit_prior(training, False, args.c),
+                  "prior_kind": fit_prior(training, False, args.c, kind_terms=True)}
         for j in np.flatnonzero(~train).tolist():
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
@@ -217,14 +222,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # IREE's default as a weak positive is kept only if it helps held out.
         weak = float(np.median(fraction["prior"])) <= float(np.median(fraction["prior_nodefault"]))
-        model = fit_prior(data, weak, args.c)
+        model = fit_prior(data, weak, args.c, kind_terms=args.kind_terms)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
                            "within_1pct": float((v <= 0.01).mean()),
                            "within_5pct": float((v <= 0.05).mean())}
                     for name, v in fraction.items()
-                    if name in ("prior" if weak else "prior_nodefault", "heuristic")}
+                    if name in ("heuristic", "prior_kind" if args.kind_terms
+                                else "prior" if weak else "prior_nodefault")}
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,
             "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),

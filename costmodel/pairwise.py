@@ -37,10 +37,12 @@ BASIS_FEATURES: tuple[str, ...] = (
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 
 
-def basis(features: pd.DataFrame, pipelines: Any = None) -> np.ndarray:
+def basis(features: pd.DataFrame, pipelines: Any = None, kind_terms: bool = False) -> np.ndarray:
     """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, the
     heuristic's term scores and VectorDistribute (1/0; 0 without `pipelines`); standardised over
-    the rows given (one candidate set)."""
+    the rows given (one candidate set). `kind_terms`: the same columns again, times 1 on attention
+    rows (else 0), so attention gets its own weights on top of the shared ones (one candidate set
+    is one op, so the flag is constant within it and comparisons stay within a kind)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
     missing = [name for name in BASIS_FEATURES if name not in features.columns]
@@ -52,10 +54,14 @@ def basis(features: pd.DataFrame, pipelines: Any = None) -> np.ndarray:
     if pipelines is not None:
         vd[:, 0] = np.asarray(pipelines).astype(str) == "VectorDistribute"
     z = np.hstack([x, x**2 / 10.0, terms, vd])
-    return (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
+    z = (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
+    if kind_terms:
+        attention = features["kind_attention"].to_numpy(np.float64)[:, None] > 0
+        z = np.hstack([z, z * attention])
+    return z
 
 
-def basis_names() -> list[str]:
+def basis_names(kind_terms: bool = False) -> list[str]:
     """Names of the basis columns; a model file must list exactly these."""
     import pandas as pd
 
@@ -65,8 +71,9 @@ def basis_names() -> list[str]:
     # The heuristic's GPU terms: those it computes for a one-row GPU feature table.
     probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
     terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
-    return ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
-            + terms + ["vector_distribute"])
+    names = ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
+             + terms + ["vector_distribute"])
+    return names + [f"attention_{n}" for n in names] if kind_terms else names
 
 
 class PairwiseModel(CostModel):
@@ -75,15 +82,21 @@ class PairwiseModel(CostModel):
     kind = "pairwise"
 
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
-                 seed: int = 0) -> None:
+                 seed: int = 0, kind_terms: bool = False) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0):
             raise InputError("pairwise model needs c > 0, pairs > 0 and weak_weight >= 0")
         self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
                                        "weak_weight": float(weak_weight)}
+        if kind_terms:  # only stored when set: model files without it keep loading
+            self.params["kind_terms"] = True
         self.seed = seed
         self.weights: np.ndarray | None = None
         self.training_rows = 0
         self.metadata: dict[str, Any] = {"target_kinds": ["gpu"]}
+
+    @property
+    def kind_terms(self) -> bool:
+        return bool(self.params.get("kind_terms", False))
 
     @property
     def fitted(self) -> bool:
@@ -101,11 +114,13 @@ class PairwiseModel(CostModel):
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
         if y.shape != (len(features),) or g.shape != y.shape:
             raise InputError("pairwise fit needs one label and one group per feature row")
-        z = np.zeros((len(y), len(basis_names())))
+        kind_terms = self.kind_terms
+        z = np.zeros((len(y), len(basis_names(kind_terms))))
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
             z[rows] = basis(features.iloc[rows],
-                            None if pipelines is None else np.asarray(pipelines)[rows])
+                            None if pipelines is None else np.asarray(pipelines)[rows],
+                            kind_terms)
         rng = np.random.default_rng(self.seed)
         diffs, weights = [], []
         for group in pd.unique(g):
@@ -137,7 +152,7 @@ class PairwiseModel(CostModel):
         if self.weights is None:
             raise InputError("the pairwise model is not trained")
         pipelines = None if table is None or "pipeline" not in table else table["pipeline"]
-        z = basis(features, pipelines)
+        z = basis(features, pipelines, self.kind_terms)
         # Rounded so that candidates equal on every basis feature tie exactly.
         return np.round(z @ self.weights, 9)
 
@@ -152,7 +167,7 @@ class PairwiseModel(CostModel):
                     ) -> PairwiseModel:
         """Rebuild from stored arrays (`weights`: one finite number per basis column)."""
         model = cls(seed=seed, **params)
-        size = len(basis_names())
+        size = len(basis_names(model.kind_terms))
         values = np.asarray(arrays["weights"], dtype=np.float64)
         if values.shape != (size,) or not np.isfinite(values).all():
             raise InputError(f"pairwise array 'weights' must hold {size} finite numbers")

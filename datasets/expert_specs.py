@@ -22,6 +22,7 @@ reason.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -217,6 +218,14 @@ def _dag_problem(body: str, name: str) -> Problem | None:
             batch, oshape[1], oshape[2], fshape[2], fshape[3], fshape[0], fshape[1],
             in_type, f_type, o_type, stride=stride[0], dilation=dilation[0],
         )
+    named = re.search(r"linalg\.batch_matmul(_transpose_b)?\b", body)
+    if named and len(args) == 3:
+        # A named batch matmul: [B, M, K] x [B, K, N] (or [B, N, K] transposed) -> [B, M, N].
+        (lhs, lhs_type), (_, rhs_type), (out, out_type) = args
+        b, m, n, k = (s if s > 0 else DYNAMIC_SIZE for s in (*out, lhs[-1]))
+        problem = Problem.batch_matmul(b, m, n, k, lhs_type, rhs_type, out_type,
+                                       transpose_b=bool(named.group(1)))
+        return dataclasses.replace(problem, name=name)
     if "linalg.generic" not in body or len(args) != 3:
         return None
     maps = _MAP_TEXT.findall(body.split("linalg.generic", 1)[1])[:3]
@@ -448,8 +457,12 @@ def _parse_2024(text: str, problem: Problem) -> ExpertConfig:
     sg_n = int(re.search(r"subgroup_n_count\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
     wg_size = _ints(re.search(r"workgroup_size\s*=\s*\[([^\]]*)\]", text).group(1))  # type: ignore[union-attr]
     sg_size = int(re.search(r"subgroup_size\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
+    name = pipeline.group(1) if pipeline else "VectorDistribute"
+    # 2024's PadAndVectorDistribute (unaligned shapes) is no pipeline of its own in IREE 3.13:
+    # VectorDistribute with padding, the pipeline its configuration means now.
+    name = "VectorDistribute" if name == "PadAndVectorDistribute" else name
     return ExpertConfig(
-        pipeline=pipeline.group(1) if pipeline else "VectorDistribute",
+        pipeline=name,
         workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
         mma_shape=_mma_shape(intrinsic), subgroup_counts=(sg_m, sg_n), workgroup_size=wg_size,
         subgroup_size=sg_size, waves_per_eu=_waves(text), syntax="2024",

@@ -79,7 +79,11 @@ FEATURES: tuple[FeatureSpec, ...] = (
     FeatureSpec("tile_mn_ratio", "ratio", "min(tm, tn) / max(tm, tn)"),
     FeatureSpec("wg_area_to_volume", "1/element", "(tm*tk + tn*tk) / (tm*tn*tk)"),
     FeatureSpec("wg_intensity", "FLOP/byte", "2*tm*tn*tk / (tm*tk*a + tn*tk*b), per K step"),
-    FeatureSpec("workgroups", "count", "W = ceil(B/tb) * ceil(M/tm) * ceil(N/tn)"),
+    FeatureSpec(
+        "workgroups", "count",
+        "W = ceil(B/tb) * ceil(M/tm) * ceil(N/tn) (GPU: the table's count; attention: over B, M "
+        "and the value head dim)",
+    ),
     FeatureSpec("workgroups_per_cu", "count", "W / U (U = GPU compute units, CPU cores)"),
     FeatureSpec(
         "wave_quantization", "fraction", "(ceil(W/U) - W/U) / ceil(W/U), idle share of last wave"
@@ -109,10 +113,16 @@ FEATURES: tuple[FeatureSpec, ...] = (
     ),
     FeatureSpec("subgroup_reuse", "elements", "vm*vn / (vm + vn), operand reuse of a subgroup tile"),
     FeatureSpec(
-        "shared_memory_bytes", "bytes", "(sa*tm*tk*a + sb*tn*tk*b); sa, sb = operand staged (0/1)"
+        "shared_memory_bytes", "bytes",
+        "tb*(sa*tm*tk*a + sb*tn*tk*b); sa, sb = operand staged (0/1); attention adds the V "
+        "block sb*tn*tv*b (tv = value head tile)",
     ),
     FeatureSpec("shared_memory_fraction", "fraction", "shared_memory_bytes / workgroup memory limit"),
-    FeatureSpec("acc_registers", "32-bit registers", "tb*tm*tn*c / 4 / threads, per thread"),
+    FeatureSpec(
+        "acc_registers", "32-bit registers",
+        "tb*tm*tn*c / 4 / threads, per thread (attention: f32 S block and output, "
+        "tb*tm*(tn + tv) / threads)",
+    ),
     FeatureSpec(
         "occupancy",
         "fraction",
@@ -271,8 +281,8 @@ def compute_features(
 
     `columns` maps candidate-table column names (`tile_m`, `vec_n`, `workgroup_threads`, ...) to
     arrays; optional extras understood here: `shared_lhs`/`shared_rhs` (operand staged in shared
-    memory, default 1 on GPU) and `load_vec_m`/`load_vec_n` (elements per vectorised global load,
-    default 128-bit loads).
+    memory, default 1 on GPU), `load_vec_m`/`load_vec_n` (elements per vectorised global load,
+    default 128-bit loads) and, for attention, `tile_v` (the value head dim tile).
     """
     if n_rows is None:
         if "tile_m" not in columns:
@@ -319,6 +329,12 @@ def compute_features(
     out["wg_area_to_volume"] = 1.0 / tn + 1.0 / tm
     out["wg_intensity"] = 2.0 * tm * tn / (tm * a + tn * b)
     workgroups = np.ceil(big_b / tb) * trips_m * trips_n
+    if target.is_gpu and "workgroups" in columns:
+        # GPU tables count workgroups over the loops IREE distributes (attention: B, M and the
+        # value head dim, not the K2 block of the GEMM view).
+        workgroups = np.where(
+            (counted := _column(columns, "workgroups", n, 0.0)) > 0, counted, workgroups
+        )
     out["workgroups"] = workgroups
     per_unit = workgroups / units
     out["workgroups_per_cu"] = per_unit
@@ -334,7 +350,8 @@ def compute_features(
 
     zeros = np.zeros(n, f64)
     if target.is_gpu:
-        _gpu_features(out, columns, target, n, tb, tm, tn, tk, vm, vn, a, b, c)
+        _gpu_features(out, columns, target, n, tb, tm, tn, tk, vm, vn, a, b, c,
+                      problem.kind == "attention")
         for name in (
             "cpu_vector_utilization",
             "cpu_vector_count_pow2",
@@ -380,6 +397,7 @@ def _gpu_features(
     a: float,
     b: float,
     c: float,
+    attention: bool = False,
 ) -> None:
     simds = float(max(target.simds_per_cu, 1))
     sg_size = _positive(columns, "subgroup_size", n, float(max(target.subgroup_size, 1)))
@@ -404,10 +422,18 @@ def _gpu_features(
     stage_a = _column(columns, "shared_lhs", n, 1.0)
     stage_b = _column(columns, "shared_rhs", n, 1.0)
     smem = tb * tk * (stage_a * tm * a + stage_b * tn * b)
+    acc = tb * tm * tn * c / 4.0 / threads
+    if attention:
+        # Q (tm x K1), K (K2 block x K1) and V (K2 block x value tile tv) are staged (IREE
+        # promotes all three); the S block (tm x K2 block) and the output (tm x tv) accumulate
+        # in f32 registers.
+        tv = _positive(columns, "tile_v", n, 0.0)
+        tv = np.where(tv > 0, tv, tn)
+        smem = tb * (tk * (stage_a * tm * a + stage_b * tn * b) + stage_b * tn * tv * b)
+        acc = tb * tm * (tn + tv) / threads
     limit = float(max(target.max_workgroup_memory_bytes, 1))
     out["shared_memory_bytes"] = smem
     out["shared_memory_fraction"] = smem / limit
-    acc = tb * tm * tn * c / 4.0 / threads
     out["acc_registers"] = acc
     # Resident workgroups per CU: the tightest of registers, shared memory and subgroup slots.
     slots = simds * MAX_SUBGROUPS_PER_SIMD

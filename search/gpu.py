@@ -7,10 +7,17 @@ lowering-config entry is which knob) and a body of SMT assertions. We convert th
 SMT-LIB (`convert_constraints_op_to_smtlib`), enumerate every solution exactly with
 `engine.ConstraintSystem`, and turn a row back into a `compilation_info` with IREE's
 `materialize_compilation_info` (lazily, per row).
+
+IREE 3.13 crashes (SIGSEGV) emitting constraints for contractions with batch loops (a
+`batch_matmul` on any GPU target). For those the constraints come from the same contraction
+without its batch loops, and every candidate gets a batch tile of 1 (`GpuSpace.batch_loops`),
+the tile IREE's own default configuration uses.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -29,6 +36,8 @@ from dispatchtune.targets import Target
 from dispatchtune.toolchain import first_error_line, run_tool
 
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
+
+logger = logging.getLogger(__name__)
 
 #: Assertions IREE emits under "Additional heuristic filters to narrow the search space"
 #: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message. They
@@ -61,12 +70,16 @@ class GpuSpace:
     fixed: Mapping[str, int]  # template literals worth a column (e.g. prefetch_num_stages)
     kind: str = "contraction"  # the root op kind: contraction, convolution or attention
     mma_knob: str = "mma_idx"  # the knob picking the intrinsic (attention: the Q x K^T one)
+    #: Loops of the problem that IREE's constraints do not cover (batch loops of a contraction
+    #: whose constraints come from its batch-less equivalent): workgroup tile 1, not reduced.
+    batch_loops: tuple[int, ...] = ()
 
     def system(self) -> ConstraintSystem:
         return ConstraintSystem.from_smtlib(self.smtlib)
 
 
 _MODULES: dict[tuple[str, str], str] = {}
+_SOURCES: dict[tuple[str, str], tuple[Problem, tuple[int, ...]]] = {}
 
 
 def constraints_module(problem: Problem, target: Target) -> str:
@@ -91,6 +104,65 @@ def constraints_module(problem: Problem, target: Target) -> str:
             )
         _MODULES[key] = proc.stdout
     return _MODULES[key]
+
+
+def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[int, ...]]:
+    """The problem whose constraints describe `problem`'s space, and the loops they leave out.
+
+    Usually `problem` itself. A contraction with batch loops on which IREE crashes emitting
+    constraints is described by its batch-less equivalent; the batch loops are returned so that
+    every candidate gets a batch tile of 1.
+    """
+    key = (problem.key, target.name)
+    if key in _SOURCES:
+        return _SOURCES[key]
+    source: tuple[Problem, tuple[int, ...]] = (problem, ())
+    batch = problem.loops("batch") if problem.kind == "contraction" else ()
+    try:
+        constraints_module(problem, target)
+    except DispatchTuneError as error:
+        unbatched = without_loops(problem, batch) if batch else None
+        if unbatched is None or "crashed" not in str(error):
+            raise
+        logger.info("%s; using the constraints of %s with a batch tile of 1",
+                    error, unbatched.describe())
+        constraints_module(unbatched, target)
+        source = (unbatched, batch)
+    _SOURCES[key] = source
+    return source
+
+
+def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
+    """The same op without some loops (each indexing an operand dim on its own), or None."""
+    dropped = set(loops)
+    kept = [i for i in range(len(problem.loop_sizes)) if i not in dropped]
+    renamed = {old: new for new, old in enumerate(kept)}
+    maps, shapes = [], []
+    for text, shape in zip(problem.indexing_maps, problem.operand_shapes, strict=True):
+        results = text.split("->", 1)[1].strip().strip("()")
+        exprs = [e.strip() for e in results.split(",")] if results.strip() else []
+        if len(exprs) != len(shape):
+            return None
+        keep = []
+        for expr, size in zip(exprs, shape, strict=True):
+            used = {int(d) for d in re.findall(r"\bd(\d+)\b", expr)}
+            if used & dropped:
+                if expr != f"d{next(iter(used))}" or len(used) != 1:
+                    return None  # a dropped loop inside a compound index: not separable
+                continue
+            keep.append((re.sub(r"\bd(\d+)\b", lambda m: f"d{renamed[int(m.group(1))]}", expr),
+                         size))
+        dims = ", ".join(f"d{i}" for i in range(len(kept)))
+        maps.append(f"({dims}) -> ({', '.join(e for e, _ in keep)})")
+        shapes.append(tuple(size for _, size in keep))
+    return dataclasses.replace(
+        problem,
+        loop_sizes=tuple(problem.loop_sizes[i] for i in kept),
+        dims={c: tuple(renamed[i] for i in ls if i in renamed) for c, ls in problem.dims.items()},
+        operand_shapes=tuple(shapes),
+        indexing_maps=tuple(maps),
+        op_name="linalg.generic",
+    )
 
 
 def _constraint_ops(module: Any) -> list[Any]:
@@ -118,7 +190,8 @@ def gpu_spaces(
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen
 
-    text = constraints_module(problem, target)
+    source, batch = constraint_source(problem, target)
+    text = constraints_module(source, target)
     spaces = []
     with ir.Context():
         module = ir.Module.parse(text)
@@ -126,13 +199,81 @@ def gpu_spaces(
         for index, op in enumerate(_constraint_ops(module)):
             if not heuristic_filters:
                 drop_heuristic_filters(op)
-            spaces.append(_describe(index, op, roots))
+            space = _describe(index, op, roots)
+            spaces.append(_with_batch_loops(space, batch, problem.loop_sizes) if batch else space)
     if not spaces:
         raise DispatchTuneError(
             f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
             "(no MMA intrinsic fits these element types?)"
         )
     return spaces
+
+
+def _insert(entries: Sequence[Any], loops: Sequence[int], filler: Any) -> list[Any]:
+    """`entries` (one per covered loop) with `filler` at each of `loops` (the full loop list)."""
+    out = list(entries)
+    for loop in sorted(loops):
+        out.insert(loop, filler)
+    return out
+
+
+def _with_batch_loops(space: GpuSpace, loops: tuple[int, ...], bounds: tuple[int, ...]) -> GpuSpace:
+    """A batch-less problem's space, stated over the full problem's loops (batch tile 1)."""
+    kept = [i for i in range(len(bounds)) if i not in set(loops)]
+
+    def remap(classes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(kept[i] for i in classes)
+
+    classes = {c: remap(ls) for c, ls in space.classes.items()}
+    classes["b"] = tuple(sorted((*classes.get("b", ()), *loops)))
+    return dataclasses.replace(
+        space,
+        workgroup=tuple(_insert(space.workgroup, loops, 1)),
+        reduction=tuple(_insert(space.reduction, loops, 0)),
+        subgroup=tuple(_insert(space.subgroup, loops, 0)) if space.subgroup else (),
+        subgroup_counts=(
+            tuple(_insert(space.subgroup_counts, loops, 1)) if space.subgroup_counts else ()
+        ),
+        classes=classes,
+        loop_bounds=bounds,
+        image_loops=remap(space.image_loops),
+        batch_loops=loops,
+    )
+
+
+def with_batch_tiles(info: Any, loops: Sequence[int]) -> Any:
+    """A batch-less problem's `compilation_info` for the full problem: batch tile 1 inserted.
+
+    `workgroup` gets 1, `reduction` and TileAndFuse `subgroup` 0, and `subgroup_basis` one
+    subgroup along each batch loop (its mapping renumbered), as IREE's default batch configs.
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    info = iree_codegen.CompilationInfoAttr(info)
+    config = iree_gpu.LoweringConfigAttr(info.lowering_config).attributes
+    entries = {config[i].name: config[i].attr for i in range(len(config))}
+    i64 = ir.IntegerType.get_signless(64)
+
+    def ints(values: Sequence[int]) -> Any:
+        return ir.ArrayAttr.get([ir.IntegerAttr.get(i64, int(v)) for v in values])
+
+    def values(attr: Any) -> list[int]:
+        return [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(attr)]
+
+    for key, filler in (("workgroup", 1), ("reduction", 0), ("subgroup", 0)):
+        if key in entries:
+            entries[key] = ints(_insert(values(entries[key]), loops, filler))
+    if "subgroup_basis" in entries:
+        counts_attr, mapping_attr = list(ir.ArrayAttr(entries["subgroup_basis"]))
+        counts = _insert(values(counts_attr), loops, 1)
+        mapping = values(mapping_attr)
+        for loop in sorted(loops):  # basis entries at or after `loop` move up by one
+            mapping = [m + (m >= loop) for m in mapping]
+            mapping.insert(loop, loop)
+        entries["subgroup_basis"] = ir.ArrayAttr.get([ints(counts), ints(mapping)])
+    lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
+    return iree_codegen.CompilationInfoAttr.get(lowering, info.translation_info)
 
 
 def drop_heuristic_filters(constraints_op: Any) -> list[str]:
@@ -387,10 +528,13 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
             out *= size
         return out
 
+    extra: dict[str, np.ndarray] = {}
     if space.kind == "attention":
         tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups = (
             _attention_tiles(space, value, rows)
         )
+        # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
+        extra["tile_v"] = _attention_value_tile(space, value, rows)
     else:
         k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
         tile_b = tile(space.workgroup, space.classes["b"], None)
@@ -438,6 +582,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "tile_oh": tile(space.workgroup, image[:1], None) if len(image) == 2 else zeros,
         "tile_ow": tile(space.workgroup, image[1:], None) if len(image) == 2 else zeros,
     }
+    columns.update(extra)
     for knob in space.knobs:
         columns[f"knob_{knob}"] = value(knob)
     return finish_table(columns, rows)
@@ -476,6 +621,14 @@ def _attention_tiles(space: GpuSpace, value: Any, rows: int) -> tuple[np.ndarray
     vec_m = tile_m // np.maximum(sub_m, 1)
     vec_n = tile_n // np.maximum(sub_n, 1)
     return tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups
+
+
+def _attention_value_tile(space: GpuSpace, value: Any, rows: int) -> np.ndarray:
+    out = np.ones(rows, dtype=np.int64)
+    for loop in space.classes["n"]:
+        size = value(space.workgroup[loop])
+        out *= np.where(size == 0, space.loop_bounds[loop], size)
+    return out
 
 
 def _subgroup_tile(
@@ -523,17 +676,20 @@ def _with_waves_per_eu(info: Any, waves: int) -> Any:
     return iree_codegen.CompilationInfoAttr.get(info.lowering_config, translation)
 
 
-def materialize(op: Any, assignments: Mapping[str, int]) -> Any:
+def materialize(op: Any, assignments: Mapping[str, int], batch_loops: Sequence[int] = ()) -> Any:
     """IREE's `compilation_info` for one knob assignment of a constraints op.
 
     Attention also needs a `decomposition_config` (the intrinsics and subgroup bases of its two
     matmuls), an attribute of the op beside `compilation_info`. So that a candidate stays one
     attribute (one string in tables, logs and specs), it rides inside the lowering_config
     dictionary under `decomposition_config`; `ir.spec` moves it back to the op's attribute.
+    `batch_loops`: the space's `GpuSpace.batch_loops` (a batch tile of 1 is inserted there).
     """
     from iree.compiler.dialects import iree_codegen
 
     info = iree_codegen.materialize_compilation_info(op, dict(assignments))
+    if batch_loops:
+        info = with_batch_tiles(info, batch_loops)
     if DECOMPOSITION_KEY not in op.attributes["knobs"]:
         return info
     decomposition = iree_codegen.materialize_configuration_attr(
@@ -547,10 +703,15 @@ class GpuMaterializer:
     def __init__(self, module_text: str, spaces: Sequence[GpuSpace]) -> None:
         self.module_text = module_text
         self.knobs = {s.index: s.knobs for s in spaces}
+        self.batch_loops = {s.index: s.batch_loops for s in spaces}
         self._state: tuple[Any, Any, list[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"module_text": self.module_text, "knobs": self.knobs, "_state": None}
+        return {"module_text": self.module_text, "knobs": self.knobs,
+                "batch_loops": self.batch_loops, "_state": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update({"batch_loops": {}, **state})  # pickles from before batch loops
 
     def _ops(self) -> tuple[Any, list[Any]]:
         from iree.compiler import ir
@@ -600,33 +761,37 @@ class GpuMaterializer:
                 values = [knobs[k][members] for k in names]
                 # Small groups (single rows) are cheaper materialised than templated and checked.
                 templated = not key[1] and len(members) >= _TEMPLATE_MIN_ROWS
-                template = self._template(ops[space], names, fixed) if templated else None
+                batch = self.batch_loops.get(space, ())
+                template = self._template(ops[space], names, fixed, batch) if templated else None
                 if template is not None:
                     texts = [template.format(*row) for row in zip(*(v.tolist() for v in values),
                                                                  strict=True)]
                     checked = (0, len(members) // 2, len(members) - 1)
-                    if all(texts[e] == self._materialize(ops[space], names, values, e, 0)
+                    if all(texts[e] == self._materialize(ops[space], names, values, e, 0, batch)
                            for e in checked):
                         for i, text in zip(members.tolist(), texts, strict=True):
                             out[i] = text
                         continue
                 for j, i in enumerate(members.tolist()):
-                    out[i] = self._materialize(ops[space], names, values, j, int(waves[i]))
+                    out[i] = self._materialize(ops[space], names, values, j, int(waves[i]),
+                                               batch)
         return out
 
     @staticmethod
     def _materialize(op: Any, names: Sequence[str], values: Sequence[np.ndarray], j: int,
-                     waves: int) -> str:
-        info = materialize(op, {k: int(v[j]) for k, v in zip(names, values, strict=True)})
+                     waves: int, batch_loops: Sequence[int] = ()) -> str:
+        info = materialize(op, {k: int(v[j]) for k, v in zip(names, values, strict=True)},
+                           batch_loops)
         return str(_with_waves_per_eu(info, waves) if waves > 0 else info)
 
     @staticmethod
-    def _template(op: Any, names: Sequence[str], fixed: Mapping[str, int]) -> str | None:
+    def _template(op: Any, names: Sequence[str], fixed: Mapping[str, int],
+                  batch_loops: Sequence[int] = ()) -> str | None:
         """A `str.format` template of one constraint op's text (knobs in `names` order; the
         one-of knobs in `fixed` given), or None."""
         sentinels = [fixed.get(k, 7_300_001 + 2 * n) for n, k in enumerate(names)]
         try:
-            text = str(materialize(op, dict(zip(names, sentinels, strict=True))))
+            text = str(materialize(op, dict(zip(names, sentinels, strict=True)), batch_loops))
         except Exception:  # IREE refusing the sentinels: materialise row by row
             return None
         text = text.replace("{", "{{").replace("}", "}}")
@@ -657,7 +822,8 @@ def enumerate_gpu(
     chosen = [s for s in spaces if pipeline is None or s.pipeline == pipeline]
     if not chosen:
         raise DispatchTuneError(f"IREE emits no {pipeline} constraints for this problem")
-    materializer = GpuMaterializer(constraints_module(problem, target), spaces)
+    materializer = GpuMaterializer(constraints_module(constraint_source(problem, target)[0], target),
+                                   spaces)
     tables = []
     remaining = limit
     for space in chosen:

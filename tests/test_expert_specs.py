@@ -77,6 +77,15 @@ def test_2024_syntax_mapped_by_meaning() -> None:
     # tile_sizes [1, 1, 464, 320, 1, 1, 80]: 464 >= OW = 64 is the whole loop (IREE clamps it).
     cols = expert_columns(conv)
     assert (cols["tile_m"], cols["tile_n"], cols["tile_k"]) == (64, 320, 80)
+    # A named batch matmul (2024 PadAndVectorDistribute = VectorDistribute with padding today).
+    bmm = entries["match_batch_matmul_64x968x320x640"]
+    assert bmm.problem is not None and bmm.problem.gemm_shape == (64, 968, 320, 640)
+    assert bmm.notes == ("batch matmul",)
+    assert expert_columns(bmm) == {
+        "pipeline": "VectorDistribute", "intrinsic": "MFMA_F32_16x16x16_F16", "tile_b": 1,
+        "tile_m": 128, "tile_n": 64, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
+        "workgroup_threads": 256,
+    }
 
 
 def test_expert_outside_the_space_names_the_attribute() -> None:

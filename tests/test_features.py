@@ -177,3 +177,68 @@ def test_schema_check_for_stored_models() -> None:
         check_feature_schema(FEATURE_SCHEMA_VERSION - 1, list(FEATURE_NAMES))
     with pytest.raises(DispatchTuneError, match="retrain"):
         check_feature_schema(FEATURE_SCHEMA_VERSION, list(FEATURE_NAMES)[:-1])
+
+
+def _real_row(problem: Problem, **knobs: int | str) -> tuple[pd.Series, pd.Series]:
+    """One candidate of a real gfx942 space (chosen by IREE knobs) and its features."""
+    from dispatchtune.search import enumerate_candidates
+
+    table = enumerate_candidates(problem, "gfx942").table
+    mask = np.ones(len(table), dtype=bool)
+    for name, value in knobs.items():
+        mask &= (table[name] == value).to_numpy()
+    assert mask.any(), knobs
+    row = table[mask].iloc[[0]]
+    return row.iloc[0], extract_features(problem, get_target("gfx942"), row).iloc[0]
+
+
+def test_tileandfuse_matmul_features_on_a_known_config() -> None:
+    """workgroup [128, 64, 0], subgroup [2, 2, 0] (in 16x16 intrinsics), reduction [0, 0, 2]."""
+    row, f = _real_row(Problem.matmul(256, 256, 512, "f16"), pipeline="TileAndFuse",
+                       knob_wg_0=128, knob_wg_1=64, knob_sg_0=2, knob_sg_1=2, knob_red_2=2,
+                       knob_mma_idx=0)
+    assert (row["mma_m"], row["mma_n"], row["mma_k"]) == (16, 16, 16)
+    assert (f["tile_m"], f["tile_n"], f["tile_k"], f["k_trips"]) == (128, 64, 32, 16)
+    assert (f["vec_m"], f["vec_n"]) == (32, 32)  # per-subgroup tiles, not the workgroup tile
+    assert (row["subgroups_m"], row["subgroups_n"]) == (4, 2)
+    assert (f["threads"], f["subgroups"]) == (512, 8)
+    assert f["acc_registers"] == 128 * 64 * 4 / 4 / 512
+    assert f["shared_memory_bytes"] == 32 * (128 * 2 + 64 * 2)
+    assert f["workgroups"] == 2 * 4
+    assert f["workgroups_per_cu"] == pytest.approx(8 / 304)
+
+
+def test_convolution_tileandfuse_features_direct_and_igemm() -> None:
+    """Direct (7 loops) and IGEMM (5 loops) TileAndFuse rows of one conv follow IREE's knobs."""
+    from dispatchtune.search import enumerate_candidates
+
+    problem = Problem.conv2d_nhwc_hwcf(2, 16, 16, 64, 64, 3, 3, "f16")
+    table = enumerate_candidates(problem, "gfx942").table
+    t = table[table["pipeline"] == "TileAndFuse"]
+    f = extract_features(problem, get_target("gfx942"), t)
+    for igemm in (0, 1):
+        rows = (t["igemm"] == igemm).to_numpy()
+        assert rows.any()
+        r, fr = t[rows], f[rows]
+        # M loops: image batch, output height, output width (wg_0..wg_2); N: output channels.
+        tile_m = r["knob_wg_0"] * r["knob_wg_1"] * r["knob_wg_2"]
+        vec_m = r["knob_sg_0"] * r["knob_sg_1"] * r["knob_sg_2"] * r["mma_m"]
+        assert (fr["tile_m"] == tile_m).all() and (fr["vec_m"] == vec_m).all()
+        assert (fr["vec_n"] == r["knob_sg_3"] * r["mma_n"]).all()
+        assert (r["subgroups_m"] == tile_m // vec_m).all()
+        assert (fr["threads"] == r["subgroups_m"] * r["subgroups_n"] * 64).all()
+        # K: the input-channel tile in intrinsics (filter loops tiled by 1 when direct).
+        assert (fr["tile_k"] == r["knob_red_6"] * r["mma_k"]).all()
+        assert (fr["k_trips"] == np.ceil(3 * 3 * 64 / fr["tile_k"])).all()
+        assert (fr["workgroups"] == 2 * 16 * 16 * 64 / (tile_m * fr["tile_n"])).all()
+
+
+def test_attention_features_count_what_iree_distributes() -> None:
+    """m_tile 64, value tile 16, K2 block 16, 4 subgroups: W over B, M and the value dim."""
+    problem = Problem.attention(2, 256, 64, 64, 256, "f16")
+    row, f = _real_row(problem, knob_m_tile=64, knob_n_tile=16, knob_red_k2=16,
+                       knob_qk_mma_idx=0, knob_pv_mma_idx=0)
+    assert row["tile_v"] == 16 and f["threads"] == 256
+    assert f["workgroups"] == 2 * (256 // 64) * (64 // 16)  # not the K2 blocks
+    assert f["shared_memory_bytes"] == 64 * 64 * 2 + 16 * 64 * 2 + 16 * 16 * 2  # Q, K, V
+    assert f["acc_registers"] == 64 * (16 + 16) / 256  # f32 S block and output per thread

@@ -129,3 +129,24 @@ def test_rank_json_prints_the_whole_order_as_candidates_json(tmp_path: Path) -> 
         assert line["knobs"]["tile_m"] == int(cands.table["tile_m"].iloc[line["candidate_id"]])
     limited = _run("rank", str(source), "--target", "gfx942", "--json", "--limit", "3")
     assert len(limited.stdout.splitlines()) == 3
+
+
+def test_kind_terms_give_attention_weights_of_its_own() -> None:
+    """With `kind_terms` the basis repeats itself on attention rows only (0 elsewhere)."""
+    from dispatchtune.costmodel.pairwise import basis
+
+    attention = Problem.attention(2, 256, 64, 64, 256, "f16")
+    cands = enumerate_candidates(attention, GFX942)
+    att = extract_features(attention, GFX942, cands.table)
+    z = basis(att, cands.table["pipeline"], kind_terms=True)
+    half = len(basis_names())
+    assert z.shape == (len(att), 2 * half) and len(basis_names(kind_terms=True)) == 2 * half
+    assert np.array_equal(z[:, :half], z[:, half:])
+    mm = extract_features(SMALL, GFX942, _small().table)
+    assert not basis(mm, _small().table["pipeline"], kind_terms=True)[:, half:].any()
+    labels = np.zeros(len(att))
+    labels[len(att) // 2] = POSITIVE
+    model = PairwiseModel(c=1.0, kind_terms=True).fit(att, labels, np.zeros(len(att)))
+    assert model.weights is not None and model.weights.shape == (2 * half,)
+    assert model.params["kind_terms"] is True
+    assert "kind_terms" not in PairwiseModel().params  # older model files stay loadable

@@ -21,6 +21,7 @@ from dispatchtune.search.gpu import (
     enumerate_space,
     gpu_spaces,
     reference_solutions,
+    without_loops,
 )
 from dispatchtune.targets import get_target
 from dispatchtune.toolchain import run_tool
@@ -276,3 +277,54 @@ def test_attention_candidates_apply_and_compile(tmp_path: Path) -> None:
             proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
                                              str(tmp_path / "attention.vmfb")])
             assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+BATCH = Problem.batch_matmul(2, 128, 128, 128, "f16")
+
+
+def test_batch_matmul_from_the_batchless_constraints(tmp_path: Path) -> None:
+    """IREE crashes emitting batch-matmul constraints: the batch-less ones with a batch tile of 1."""
+    unbatched = without_loops(BATCH, BATCH.loops("batch"))
+    assert unbatched is not None and unbatched.key == Problem.matmul(128, 128, 128, "f16").key
+    spaces = gpu_spaces(BATCH, get_target("gfx942"))
+    assert {s.pipeline for s in spaces} == {"TileAndFuse", "VectorDistribute"}
+    assert all(s.batch_loops == (0,) and s.workgroup[0] == 1 and s.classes["b"] == (0,)
+               for s in spaces)
+    cands = enumerate_candidates(BATCH, "gfx942")
+    plain = enumerate_candidates(Problem.matmul(128, 128, 128, "f16"), "gfx942")
+    t = cands.table
+    assert len(t) == len(plain) and (t["tile_b"] == 1).all()
+    assert (t["workgroups"] == 2 * plain.table["workgroups"]).all()
+    source = tmp_path / "bmm.mlir"
+    source.write_text(BATCH.to_mlir())
+    target = get_target("gfx942")
+    for pipeline in ("TileAndFuse", "VectorDistribute"):
+        rows = t.index[t["pipeline"] == pipeline]
+        # Templated texts (every row) equal IREE's per-row materialisation with the batch tile.
+        materializer = cands.materializers[pipeline]
+        assert isinstance(materializer, GpuMaterializer)
+        texts = materializer.compilation_infos(t.loc[rows])
+        assert texts[:3] == [cands.compilation_info(int(i)) for i in rows[:3]]
+        info = cands.compilation_info(int(rows[len(rows) // 2]))
+        assert re.search(r"workgroup = \[1, \d+, \d+, 0\]", info)
+        assert re.search(r"reduction = \[0, 0, 0, \d+\]", info)
+        spec = write_spec(tuning_spec([(BATCH, info)]), tmp_path / f"{pipeline}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        if pipeline == "VectorDistribute":
+            assert re.search(r"subgroup_basis = \[\[1, \d+, \d+, 1\], \[0, 1, 2, 3\]\]", info)
+            flag = f"{target.tuning_spec_flag}={spec}"
+            proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+                                             str(tmp_path / "bmm.vmfb")])
+            assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("target", ["sm_86", "gfx1201", "gfx90a"])
+def test_batch_matmul_enumerates_on_other_gpus(target: str) -> None:
+    cands = enumerate_candidates(BATCH, target)
+    assert len(cands) > 0 and (cands.table["tile_b"] == 1).all()
+    assert "workgroup = [1, " in cands.compilation_info(0)
+
+
+def test_without_loops_refuses_a_compound_index() -> None:
+    conv = Problem.conv2d_nhwc_hwcf(2, 8, 8, 16, 16, 3, 3, "f16")
+    assert without_loops(conv, conv.loops("output_image")[:1]) is None
