@@ -1,14 +1,19 @@
 """`OnlineSearch`: ask-and-tell search over a fixed candidate set that learns from its own run.
 
-The cost model's scores are the prior: until a few candidates are measured, candidates are asked in
-prior order. From then on a small extra-trees forest is refitted on the run's own measurements (the
-candidates' features, their raw knobs, the knobs' power-of-two structure and the prior score as
-one more column; label: the measured rank, mapped to normal scores) and asks alternate between
+The cost model's scores are the prior, one opinion in a portfolio of priors weighed by how well
+each ranks the run's own measurements. Until a few candidates are measured, candidates are asked
+in prior order (every second ask another opinion's top or a random one). From then on a small
+extra-trees forest is refitted on the run's own measurements (the candidates' features, their raw
+knobs, the knobs' power-of-two structure, the log2 products of every two size knobs and the
+priors as more columns; label: the measured rank, mapped to normal scores), and each ask is one
+of these steps, chosen by Thompson sampling on each step's record in this run (a proposal wins
+when its time ranks among the best fifth measured before it):
+- prior: the next candidate of the priors' weighted order;
 - global: the highest upper confidence bound (mean + kappa x spread of the trees) over all
-  candidates, so the model's doubt is explored, not just its belief, and
+  candidates, blended with the priors, so the model's doubt is explored, not just its belief;
 - local: the most promising candidate (a wider bound) among those one knob away from one of the
-  best few measured; it climbs out of regions a deceptive average points to (a knob that is
-  better on average but not at the optimum).
+  best few measured; it climbs out of regions a deceptive average points to;
+- evolved: a crossover or two-knob mutation of the best few measured.
 A small fraction of asks is uniformly random: it keeps a wrong prior and a confident forest from
 hiding a region forever. Failed candidates are told as `None` and learnt as slower than anything
 measured.
@@ -43,16 +48,17 @@ class OnlineSettings:
     refit_growth: float = 0.1  # refit when the measurements grew by this fraction (at least 1)
     prior_weight: float = 1.0  # weight of the prior's z-score in the acquisition, decaying with n
     prior_halflife: int = 20  # measurements after which the prior counts half as much
-    local_every: int = 2  # every n-th ask after the first refit is local (0: never)
+    local_every: int = 2  # every n-th ask after the first refit is local (0: never; bandit: on/off)
     local_kappa: float = 4.0  # the local step's spread weight: neighbours are cheap to check
     local_incumbents: int = 3  # the local step searches around this many best measured
-    evolve_every: int = 4  # every n-th ask after the first refit breeds from the best (0: never)
+    evolve_every: int = 4  # every n-th ask breeds from the best (0: never; bandit: on/off)
     parents: int = 5  # evolutionary moves breed from this many best measured
     opinion_every: int = 2  # before the first refit, every n-th ask follows another prior (0: never)
-    prior_steps: bool = True  # follow the trusted priors' order on some asks after the first refit
+    prior_steps: bool = True  # the priors' combined order is a step after the first refit
     prior_belief: float = 4.0  # measurements the given prior's trust is worth before evidence
     bandit: bool = True  # choose the step by Thompson sampling on its record (False: fixed cycle)
     credit_quantile: float = 0.2  # a step wins when its result is among this best share so far
+    pair_sizes: bool = True  # log2 products of every two size knobs as forest columns
     credit_memory: float = 0.95  # discount of a step's older wins and losses per result
 
 
@@ -73,6 +79,7 @@ class OnlineSearch:
         priors: Mapping[str, Sequence[float] | np.ndarray] | None = None,
     ) -> None:
         x = np.asarray(features, dtype=np.float64)
+        self.settings = settings or OnlineSettings()
         # Knob values define the local step's neighbourhoods (none without knobs).
         self.knob_values = np.empty((x.shape[0], 0))
         if knobs is not None and len(knobs.columns):
@@ -80,10 +87,11 @@ class OnlineSearch:
             # The raw knobs tell apart candidates that the shared feature vocabulary maps to the
             # same row; without them the forest keeps asking for twins of a measured candidate.
             x = np.column_stack([x, self.knob_values, power_of_two_part(knobs)])
+            if self.settings.pair_sizes:
+                x = np.column_stack([x, pair_sizes(knobs)])
         prior_arr = np.asarray(prior, dtype=np.float64)
         if x.ndim != 2 or prior_arr.shape != (x.shape[0],):
             raise InputError(f"{prior_arr.shape} prior scores for a {x.shape} feature table")
-        self.settings = settings or OnlineSettings()
         self.rng = np.random.default_rng(seed)
         # The portfolio: the given prior first, then other opinions (named `priors`, and the knob
         # heuristic where there are size knobs); each is trusted as far as it predicts this run's
@@ -435,6 +443,15 @@ def power_of_two_part(knobs: pd.DataFrame) -> np.ndarray:
     for name in size_knobs(knobs):
         values = knobs[name].to_numpy(dtype=np.int64)
         columns.append(np.log2(values & -values))
+    return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
+
+
+def pair_sizes(knobs: pd.DataFrame) -> np.ndarray:
+    """log2 of the product of every two size knobs (threads per block = block x by block y,
+    elements per block = block x tile): sums trees would need many splits for."""
+    names = size_knobs(knobs)
+    logs = {name: np.log2(knobs[name].to_numpy(dtype=np.float64)) for name in names}
+    columns = [logs[a] + logs[b] for i, a in enumerate(names) for b in names[i + 1:]]
     return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
 
 
