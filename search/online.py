@@ -1,14 +1,19 @@
 """`OnlineSearch`: ask-and-tell search over a fixed candidate set that learns from its own run.
 
-The cost model's scores are the prior: until a few candidates are measured, candidates are asked in
-prior order. From then on a small extra-trees forest is refitted on the run's own measurements (the
-candidates' features, their raw knobs, the knobs' power-of-two structure and the prior score as
-one more column; label: the measured rank, mapped to normal scores) and asks alternate between
+The cost model's scores are the prior, one opinion in a portfolio of priors weighed by how well
+each ranks the run's own measurements. Until a few candidates are measured, candidates are asked
+in prior order (every second ask another opinion's top or a random one). From then on a small
+extra-trees forest is refitted on the run's own measurements (the candidates' features, their raw
+knobs, the knobs' power-of-two structure, the log2 products of every two size knobs and the
+priors as more columns; label: the measured rank, mapped to normal scores), and each ask is one
+of these steps, chosen by Thompson sampling on each step's record in this run (a proposal wins
+when its time ranks among the best fifth measured before it):
+- prior: the next candidate of the priors' weighted order;
 - global: the highest upper confidence bound (mean + kappa x spread of the trees) over all
-  candidates, so the model's doubt is explored, not just its belief, and
+  candidates, blended with the priors, so the model's doubt is explored, not just its belief;
 - local: the most promising candidate (a wider bound) among those one knob away from one of the
-  best few measured; it climbs out of regions a deceptive average points to (a knob that is
-  better on average but not at the optimum).
+  best few measured; it climbs out of regions a deceptive average points to;
+- evolved: a crossover or two-knob mutation of the best few measured.
 A small fraction of asks is uniformly random: it keeps a wrong prior and a confident forest from
 hiding a region forever. Failed candidates are told as `None` and learnt as slower than anything
 measured.
@@ -43,14 +48,22 @@ class OnlineSettings:
     refit_growth: float = 0.1  # refit when the measurements grew by this fraction (at least 1)
     prior_weight: float = 1.0  # weight of the prior's z-score in the acquisition, decaying with n
     prior_halflife: int = 20  # measurements after which the prior counts half as much
-    local_every: int = 2  # every n-th ask after the first refit is local (0: never)
+    local_every: int = 2  # every n-th ask after the first refit is local (0: never; bandit: on/off)
     local_kappa: float = 4.0  # the local step's spread weight: neighbours are cheap to check
     local_incumbents: int = 3  # the local step searches around this many best measured
-    evolve_every: int = 4  # every n-th ask after the first refit breeds from the best (0: never)
+    evolve_every: int = 4  # every n-th ask breeds from the best (0: never; bandit: on/off)
     parents: int = 5  # evolutionary moves breed from this many best measured
     opinion_every: int = 2  # before the first refit, every n-th ask follows another prior (0: never)
-    prior_steps: bool = True  # follow the trusted priors' order on some asks after the first refit
+    prior_steps: bool = True  # the priors' combined order is a step after the first refit
     prior_belief: float = 4.0  # measurements the given prior's trust is worth before evidence
+    bandit: bool = True  # choose the step by Thompson sampling on its record (False: fixed cycle)
+    credit_quantile: float = 0.2  # a step wins when its result is among this best share so far
+    pair_sizes: bool = True  # log2 products of every two size knobs as forest columns
+    credit_memory: float = 0.95  # discount of a step's older wins and losses per result
+
+
+#: The steps after the first refit (see `OnlineSearch._next`).
+STEPS = ("prior", "global", "local", "evolved", "random")
 
 
 class OnlineSearch:
@@ -66,6 +79,7 @@ class OnlineSearch:
         priors: Mapping[str, Sequence[float] | np.ndarray] | None = None,
     ) -> None:
         x = np.asarray(features, dtype=np.float64)
+        self.settings = settings or OnlineSettings()
         # Knob values define the local step's neighbourhoods (none without knobs).
         self.knob_values = np.empty((x.shape[0], 0))
         if knobs is not None and len(knobs.columns):
@@ -73,10 +87,11 @@ class OnlineSearch:
             # The raw knobs tell apart candidates that the shared feature vocabulary maps to the
             # same row; without them the forest keeps asking for twins of a measured candidate.
             x = np.column_stack([x, self.knob_values, power_of_two_part(knobs)])
+            if self.settings.pair_sizes:
+                x = np.column_stack([x, pair_sizes(knobs)])
         prior_arr = np.asarray(prior, dtype=np.float64)
         if x.ndim != 2 or prior_arr.shape != (x.shape[0],):
             raise InputError(f"{prior_arr.shape} prior scores for a {x.shape} feature table")
-        self.settings = settings or OnlineSettings()
         self.rng = np.random.default_rng(seed)
         # The portfolio: the given prior first, then other opinions (named `priors`, and the knob
         # heuristic where there are size knobs); each is trusted as far as it predicts this run's
@@ -108,6 +123,13 @@ class OnlineSearch:
         self._fitted: tuple[np.ndarray, np.ndarray] | None = None  # (global, local) scores
         self._fitted_at = 0
         self._asks = 0
+        self.last_step = ""  # which step proposed the last asked row (diagnostics)
+        self.steps: list[str] = []  # the step behind every asked row, in ask order
+        # The steps' record for the bandit (`_credit`): discounted wins and losses, and which
+        # step asked each row still out.
+        self._wins = np.zeros(len(STEPS))
+        self._losses = np.zeros(len(STEPS))
+        self._asked_by: dict[int, int] = {}
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -138,6 +160,7 @@ class OnlineSearch:
             row = self._next()
             if row is None:
                 break
+            self.steps.append(self.last_step)
             self.pending.add(row)
             chosen.append(row)
         return chosen
@@ -152,6 +175,7 @@ class OnlineSearch:
         value = float(time) if time is not None and np.isfinite(time) and time > 0 else np.inf
         self.times[row] = value
         self._told.append(row)
+        self._credit(row, value)
 
     def skip(self, row: int) -> None:
         """Never ask `row`, without learning anything from it (its binary duplicates another's)."""
@@ -188,7 +212,9 @@ class OnlineSearch:
         if successes < settings.min_fit:
             return self._next_initial(free)
         self._asks += 1
-        acquisition, _ = self._scores()
+        if settings.bandit:
+            return self._next_bandit(free)
+        self._scores()  # refit now: the priors' weights come from the refit
         # A prior step: the next candidate in the priors' combined order, as often as the priors
         # are trusted (their best rank agreement so far) and not yet outweighed by the run's own
         # model. A prior that ranks the best tenth keeps reaching it while the forest, fitted on
@@ -196,19 +222,82 @@ class OnlineSearch:
         n = self.n_told
         trust = float(self.weights.max()) ** 2 * (1.0 - n / (n + max(1, settings.prior_halflife)))
         if settings.prior_steps and self.rng.random() < trust:
-            combined = self.priors_z @ self.weights + self._tiebreak
-            return int(np.argmax(np.where(free, combined, -np.inf)))
+            return self._step("prior", free)
         if settings.evolve_every and self._asks % settings.evolve_every == 1 % settings.evolve_every:
-            row = self._next_evolved(free)
+            row = self._step("evolved", free)
             if row is not None:
                 return row
         if settings.local_every and self._asks % settings.local_every == 0:
-            row = self._next_local(free)
+            row = self._step("local", free)
             if row is not None:
                 return row
         if self.rng.random() < settings.random_fraction:
-            return int(self.rng.choice(np.flatnonzero(free)))
-        return int(np.argmax(np.where(free, acquisition, -np.inf)))
+            return self._step("random", free)
+        return self._step("global", free)
+
+    def _next_bandit(self, free: np.ndarray) -> int | None:
+        """Thompson sampling over the steps, each credited by how its proposals ranked among
+        the run's measurements when they came back (`_credit`): which step pays differs per space
+        (the priors' order on a space they describe, the forest's bound or the local moves on a
+        needle), and the run's own results say which."""
+        settings = self.settings
+        self._scores()  # refit now: the priors' weights come from the refit
+        if self.rng.random() < settings.random_fraction:
+            return self._step("random", free)
+        arms = self._arms()
+        draws = self.rng.beta(1.0 + self._wins[arms], 1.0 + self._losses[arms])
+        for arm in np.asarray(arms)[np.argsort(-draws)]:
+            row = self._step(STEPS[int(arm)], free)
+            if row is not None:
+                return row
+        return self._step("global", free)
+
+    def _arms(self) -> list[int]:
+        settings = self.settings
+        has_knobs = bool(self.knob_values.shape[1])
+        enabled = {"prior": settings.prior_steps, "global": True,
+                   "local": has_knobs and settings.local_every > 0,
+                   "evolved": has_knobs and settings.evolve_every > 0}
+        return [i for i, name in enumerate(STEPS) if enabled.get(name, False)]
+
+    def _step(self, name: str, free: np.ndarray) -> int | None:
+        """The row step `name` proposes (None when it has none), remembered for its credit."""
+        if name == "prior":
+            combined = self.priors_z @ self.weights + self._tiebreak
+            row: int | None = int(np.argmax(np.where(free, combined, -np.inf)))
+        elif name == "evolved":
+            row = self._next_evolved(free)
+        elif name == "local":
+            row = self._next_local(free)
+        elif name == "random":
+            row = int(self.rng.choice(np.flatnonzero(free)))
+        else:
+            acquisition, _ = self._scores()
+            row = int(np.argmax(np.where(free, acquisition, -np.inf)))
+        if row is not None:
+            self.last_step = name
+            self._asked_by[row] = STEPS.index(name)
+        return row
+
+    def _credit(self, row: int, value: float) -> None:
+        """Credit the step that proposed `row`: a win when its time is among the best
+        `credit_quantile` of the times measured before it (a failure is a loss). Old evidence
+        fades (`credit_memory`): the step that pays early (the priors) is not always the one
+        that pays late (local moves around the incumbents)."""
+        arm = self._asked_by.pop(row, None)
+        if arm is None:
+            return
+        before = self.times[np.asarray(self._told[:-1], dtype=np.int64)]
+        before = before[np.isfinite(before)]
+        if before.size == 0:
+            return
+        win = bool(np.isfinite(value) and value <= np.quantile(before, self.settings.credit_quantile))
+        self._wins *= self.settings.credit_memory
+        self._losses *= self.settings.credit_memory
+        if win:
+            self._wins[arm] += 1.0
+        else:
+            self._losses[arm] += 1.0
 
     def _next_initial(self, free: np.ndarray) -> int:
         """Before the first refit: the given prior's top, and on every `opinion_every`-th ask
@@ -218,10 +307,13 @@ class OnlineSearch:
         every = self.settings.opinion_every
         # A single prior (no portfolio) keeps its order until the first refit.
         if not every or turn < 2 or turn % every or len(self._prior_orders) == 1:
+            self.last_step = f"initial:{self.prior_names[0]}"
             return int(next(row for row in self._prior_order if free[row]))
         pick = 1 + (turn // every - 1) % len(self._prior_orders)
         if pick == len(self._prior_orders):
+            self.last_step = "initial:random"
             return int(self.rng.choice(np.flatnonzero(free)))
+        self.last_step = f"initial:{self.prior_names[pick]}"
         return int(next(row for row in self._prior_orders[pick] if free[row]))
 
     def _next_evolved(self, free: np.ndarray) -> int | None:
@@ -351,6 +443,15 @@ def power_of_two_part(knobs: pd.DataFrame) -> np.ndarray:
     for name in size_knobs(knobs):
         values = knobs[name].to_numpy(dtype=np.int64)
         columns.append(np.log2(values & -values))
+    return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
+
+
+def pair_sizes(knobs: pd.DataFrame) -> np.ndarray:
+    """log2 of the product of every two size knobs (threads per block = block x by block y,
+    elements per block = block x tile): sums trees would need many splits for."""
+    names = size_knobs(knobs)
+    logs = {name: np.log2(knobs[name].to_numpy(dtype=np.float64)) for name in names}
+    columns = [logs[a] + logs[b] for i, a in enumerate(names) for b in names[i + 1:]]
     return np.column_stack(columns) if columns else np.empty((len(knobs), 0))
 
 

@@ -21,7 +21,7 @@ import pytest
 
 from dispatchtune.datasets.records import read_results
 from dispatchtune.errors import InputError
-from dispatchtune.search.online import OnlineSearch, OnlineSettings, replay
+from dispatchtune.search.online import STEPS, OnlineSearch, OnlineSettings, pair_sizes, replay
 from dispatchtune.search.optuna_search import PARAM as CANDIDATE_PARAM
 from dispatchtune.search.optuna_search import OnlineStudy
 
@@ -303,7 +303,8 @@ def test_the_prior_that_predicts_the_run_gains_the_weight() -> None:
 def test_evolutionary_steps_breed_near_the_best() -> None:
     knobs, times = deceptive_space()
     search = OnlineSearch(pd.DataFrame(index=knobs.index), np.zeros(len(times)), seed=0,
-                          knobs=knobs, settings=OnlineSettings(evolve_every=1, local_every=0))
+                          knobs=knobs,
+                          settings=OnlineSettings(evolve_every=1, local_every=0, bandit=False))
     replay(search, times, 40)
     values = search.knob_values
     told = np.asarray(search._told)
@@ -312,3 +313,35 @@ def test_evolutionary_steps_breed_near_the_best() -> None:
     for row in told[search.settings.min_fit + 5:]:
         before = measured[: int(np.flatnonzero(told == row)[0])]
         assert ((values[before] != values[row]).sum(axis=1) <= 3).any()
+
+
+def test_every_step_after_the_first_refit_is_credited() -> None:
+    # Each ask after the first refit is drawn from a step's record, and each result is credited
+    # to the step that asked it (wins and losses fade, so their sum is below the asks).
+    features, times = synthetic_space()
+    search = OnlineSearch(features, times, seed=0)  # a prior ranking the slowest first
+    replay(search, times, 80)
+    later = search.steps[search.settings.min_fit:]
+    assert set(search.steps[: search.settings.min_fit]) == {"initial:prior"}
+    assert set(later) <= set(STEPS) and {"prior", "global"} <= set(later), later
+    record = search._wins + search._losses
+    assert 0 < record.sum() < len(later) and not search._asked_by
+
+
+def test_bandit_and_fixed_cycle_both_escape_a_deceptive_average() -> None:
+    knobs, times = deceptive_space()
+    good = int((times <= times.min() * 1.05).sum())
+    random_expected = (len(times) + 1) / (good + 1)
+    for settings in (OnlineSettings(), OnlineSettings(bandit=False)):
+        hits = [first_hit(replay(OnlineSearch(pd.DataFrame(index=knobs.index), np.zeros(len(times)),
+                                              seed=s, settings=settings, knobs=knobs), times, 300),
+                          times) for s in range(4)]
+        assert np.median(hits) < random_expected / 2, (settings.bandit, hits, random_expected)
+
+
+def test_pair_sizes_are_log2_products_of_size_knobs() -> None:
+    knobs = pd.DataFrame({"bx": [16, 32, 64], "by": [1, 2, 8], "flag": [0, 1, 0]})
+    pairs = pair_sizes(knobs)  # flags are not sizes: one pair, bx x by
+    assert pairs.shape == (3, 1)
+    np.testing.assert_allclose(pairs[:, 0], np.log2([16, 64, 512]))
+    assert pair_sizes(knobs[["flag"]]).shape == (3, 0)
