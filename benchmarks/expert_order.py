@@ -190,6 +190,9 @@ def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command:
     parts += [f"- {r.file} `{r.matcher}`: {r.excluded_by}" for r in missing.itertuples()]
     skipped = frame[frame["status"].astype(str).str.startswith(("skipped", "no space"))]
     parts += ["", "## Not measured", ""]
+    # Every matcher is measured or skipped with a reason: the reasons, counted, then each one.
+    reasons = skipped["status"].astype(str).str.split(":").str[:2].str.join(":").value_counts()
+    parts += [f"- {count} x {reason}" for reason, count in reasons.items()] + [""]
     parts += [f"- {r.file} `{r.matcher}`: {r.status}" for r in skipped.itertuples()]
     text = "\n".join(parts) + "\n"
     (out / "report.md").write_text(text)
