@@ -89,8 +89,8 @@ def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.n
     """Rows equal to the expert configuration, and (if none) the first attribute that fails."""
     mask = np.ones(len(table), dtype=bool)
     # Attention also names its value-head (N) workgroup tile, seen only through the workgroups;
-    # waves-per-eu counts when the space enumerates it.
-    optional = [c for c in ("workgroups", "waves_per_eu") if c in expert and c in table]
+    # waves-per-eu counts when the space enumerates it (`measure` then names it).
+    optional = [c for c in ("workgroups", "waves_per_eu") if c in expert]
     for column in (*MATCH_COLUMNS, *optional):
         narrowed = mask & (table[column].to_numpy() == expert[column])
         if not narrowed.any():
@@ -122,8 +122,11 @@ def measure(
         row.update(kind=problem.kind, problem=problem.describe(), syntax=entry.config.syntax)
         if entry.notes:
             row["notes"] = "; ".join(entry.notes)
-        expert = {**expert_columns(entry), "waves_per_eu": entry.config.waves_per_eu}
+        expert = expert_columns(entry)
+        if waves_per_eu:
+            expert["waves_per_eu"] = entry.config.waves_per_eu
         row.update({f"expert_{k}": v for k, v in expert.items()})
+        row["expert_waves_per_eu"] = entry.config.waves_per_eu
         try:
             table = candidate_table(problem, cache, heuristic_filters, waves_per_eu)
         except DispatchTuneError as exc:
