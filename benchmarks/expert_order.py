@@ -64,27 +64,34 @@ SCORERS: dict[str, Scorer] = {
 }
 
 
-def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = True) -> pd.DataFrame:
-    """The gfx942 candidate table of a problem (cached: enumeration compiles and solves)."""
+def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = True,
+                    waves_per_eu: Sequence[int] = ()) -> pd.DataFrame:
+    """The gfx942 candidate table of a problem (cached: enumeration compiles and solves), with
+    the `amdgpu-waves-per-eu` knob crossed in when `waves_per_eu` lists values."""
     from dispatchtune.search import enumerate_candidates
 
     path = cache / f"{problem.key}{'' if heuristic_filters else '.whole'}.pkl"
     if path.exists():
         with path.open("rb") as f:
             table: pd.DataFrame = pickle.load(f)  # our own cache, written below
-        return table
-    table = enumerate_candidates(problem, get_target(TARGET), heuristic_filters=heuristic_filters).table
-    cache.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        pickle.dump(table, f)
+    else:
+        table = enumerate_candidates(problem, get_target(TARGET),
+                                     heuristic_filters=heuristic_filters).table
+        cache.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as f:
+            pickle.dump(table, f)
+    if waves_per_eu:  # the knob is independent of IREE's: every row once per value
+        table = pd.concat([table.assign(waves_per_eu=w) for w in waves_per_eu], ignore_index=True)
     return table
 
 
 def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.ndarray, str]:
     """Rows equal to the expert configuration, and (if none) the first attribute that fails."""
     mask = np.ones(len(table), dtype=bool)
-    # Attention also names its value-head (N) workgroup tile, seen only through the workgroups.
-    for column in (*MATCH_COLUMNS, *(["workgroups"] if "workgroups" in expert else [])):
+    # Attention also names its value-head (N) workgroup tile, seen only through the workgroups;
+    # waves-per-eu counts when the space enumerates it (`measure` then names it).
+    optional = [c for c in ("workgroups", "waves_per_eu") if c in expert]
+    for column in (*MATCH_COLUMNS, *optional):
         narrowed = mask & (table[column].to_numpy() == expert[column])
         if not narrowed.any():
             near = sorted({v for v in table.loc[mask, column].tolist()}, key=str)[:8]
@@ -102,7 +109,8 @@ def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
 
 
 def measure(
-    entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True
+    entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True,
+    waves_per_eu: Sequence[int] = (),
 ) -> pd.DataFrame:
     rows = []
     for entry in entries:
@@ -115,9 +123,12 @@ def measure(
         if entry.notes:
             row["notes"] = "; ".join(entry.notes)
         expert = expert_columns(entry)
+        if waves_per_eu:
+            expert["waves_per_eu"] = entry.config.waves_per_eu
         row.update({f"expert_{k}": v for k, v in expert.items()})
+        row["expert_waves_per_eu"] = entry.config.waves_per_eu
         try:
-            table = candidate_table(problem, cache, heuristic_filters)
+            table = candidate_table(problem, cache, heuristic_filters, waves_per_eu)
         except DispatchTuneError as exc:
             rows.append({**row, "status": f"no space: {exc}"})
             continue
@@ -186,10 +197,17 @@ def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command:
         "## Per op kind", "", markdown(summary(frame[frame["status"].ne("")], orders, "kind")), "",
         "## Not in the space (first attribute no candidate shares)", "",
     ]
+    if "expert_waves_per_eu" in frame:
+        waves = frame["expert_waves_per_eu"].dropna().astype(int).value_counts().sort_index()
+        parts += ["## amdgpu-waves-per-eu set by the experts (0 = not set)", "",
+                  ", ".join(f"{w}: {n}" for w, n in waves.items()), ""]
     missing = frame[frame["status"] == "not in space"]
     parts += [f"- {r.file} `{r.matcher}`: {r.excluded_by}" for r in missing.itertuples()]
     skipped = frame[frame["status"].astype(str).str.startswith(("skipped", "no space"))]
     parts += ["", "## Not measured", ""]
+    # Every matcher is measured or skipped with a reason: the reasons, counted, then each one.
+    reasons = skipped["status"].astype(str).str.split(":").str[:2].str.join(":").value_counts()
+    parts += [f"- {count} x {reason}" for reason, count in reasons.items()] + [""]
     parts += [f"- {r.file} `{r.matcher}`: {r.status}" for r in skipped.itertuples()]
     text = "\n".join(parts) + "\n"
     (out / "report.md").write_text(text)
@@ -229,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
                         help="enumerate the whole valid space (without IREE's heuristic filters)")
+    parser.add_argument("--waves-per-eu", type=lambda t: tuple(int(v) for v in t.split(",")),
+                        default=(), help="also enumerate amdgpu-waves-per-eu (e.g. 0,1,2,4) and "
+                        "match the expert's value (0 = not set)")
     args = parser.parse_args(argv)
     orders = [o for o in args.orders.split(",") if o]
     unknown = set(orders) - set(SCORERS)
@@ -244,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.files:
         keys = args.files.split(",")
         entries = [e for e in entries if any(k in e.file for k in keys)]
-    frame = measure(entries, orders, args.cache, args.heuristic_filters)
+    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write_report(frame, orders, args.output_dir, command))
     return 0

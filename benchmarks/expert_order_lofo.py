@@ -151,11 +151,12 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
             np.concatenate([g for _, g in labels]))
 
 
-def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False
-              ) -> PairwiseModel:
+def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
+              hard_negatives: int = 0) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
     pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
-    return PairwiseModel(c=c, kind_terms=kind_terms).fit(features, labels, groups, pipelines)
+    model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives)
+    return model.fit(features, labels, groups, pipelines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,6 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="the whole valid space (without IREE's heuristic filters)")
     parser.add_argument("--grid", action="store_true", help="also the grid-tuned heuristic")
     parser.add_argument("--save", type=Path, help="train the prior on every file, write it here")
+    parser.add_argument("--hard-negatives", type=int, default=0,
+                        help="prior: also pair each expert with the N candidates a first fit "
+                        "scores highest (a second fit)")
     parser.add_argument("--kind-terms", action="store_true",
                         help="--save the prior with per-kind (attention) basis terms")
     args = parser.parse_args(argv)
@@ -189,9 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             fraction["grid"][~train] = grid[chosen, ~train]
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
                              [d[4] for d in training], args.c)
-        priors = {"prior": fit_prior(training, True, args.c),
-                  "prior_nodefault": fit_prior(training, False, args.c),
-                  "prior_kind": fit_prior(training, False, args.c, kind_terms=True)}
+        hard = args.hard_negatives
+        priors = {"prior": fit_prior(training, True, args.c, hard_negatives=hard),
+                  "prior_nodefault": fit_prior(training, False, args.c, hard_negatives=hard),
+                  "prior_kind": fit_prior(training, False, args.c, True, hard)}
         for j in np.flatnonzero(~train).tolist():
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
@@ -222,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # IREE's default as a weak positive is kept only if it helps held out.
         weak = float(np.median(fraction["prior"])) <= float(np.median(fraction["prior_nodefault"]))
-        model = fit_prior(data, weak, args.c, kind_terms=args.kind_terms)
+        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -234,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,
             "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),
+                              "hard_negatives": args.hard_negatives,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out": held_out,

@@ -30,6 +30,7 @@ def register(subparsers: Any) -> None:
                help="print only the first N")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of a table")
     add_heuristic_filters_flag(parser)
+    add_waves_per_eu_flag(parser)
     add_number(parser, "--op-index", kind=int, valid=AT_LEAST_0, default=None,
                help="which root op when FILE has several")
     parser.set_defaults(handler=run)
@@ -56,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         problem = problems[args.op_index]
     candidates = enumerate_candidates(
-        problem, target, args.pipeline, args.limit, heuristic_filters=args.heuristic_filters
+        problem, target, args.pipeline, args.limit, extra_knobs=extra_knobs(args),
+        heuristic_filters=args.heuristic_filters,
     )
     out = sys.stdout
     if args.json:
@@ -83,3 +85,29 @@ def add_heuristic_filters_flag(parser: argparse.ArgumentParser) -> None:
         "constraints: brings in most expert configurations, and candidates of which some fail "
         "to compile (measured in docs/gpu_order.md; tune records them as compile failures)",
     )
+
+
+def _waves_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(dict.fromkeys(int(v) for v in text.split(",")))
+    except ValueError:
+        values = ()
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def add_waves_per_eu_flag(parser: argparse.ArgumentParser) -> None:
+    """`--waves-per-eu 0,1,2,4`: the AMD occupancy hint as a knob (shared by `candidates`, `rank`)."""
+    parser.add_argument(
+        "--waves-per-eu", type=_waves_list, default=None, metavar="N[,N...]",
+        help="AMD GPUs: also enumerate LLVM's amdgpu-waves-per-eu hint (translation_info "
+        "llvm_func_attrs; 0 = compiler default) over these values; multiplies the space by "
+        "their count (expert specs use 0, 1, 2 and 4)",
+    )
+
+
+def extra_knobs(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """The extra GPU knobs the command line asks for (None: IREE's space as is)."""
+    waves = getattr(args, "waves_per_eu", None)
+    return {"waves_per_eu": waves} if waves else None

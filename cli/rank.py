@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dispatchtune.cli.candidates import add_heuristic_filters_flag
+from dispatchtune.cli.candidates import add_heuristic_filters_flag, add_waves_per_eu_flag, extra_knobs
 from dispatchtune.cli.jsonlines import write_json_lines
 from dispatchtune.cli.options import (
     AT_LEAST_0,
@@ -28,6 +28,7 @@ _SHOWN_ROWS = 10
 _SHOWN = (
     "candidate_id", "score", "pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m",
     "vec_n", "intrinsic", "subgroups_m", "subgroups_n", "workgroup_threads", "prefetch_stages",
+    "waves_per_eu",
 )
 
 
@@ -51,6 +52,7 @@ def register(subparsers: Any) -> None:
                         help="the order as JSON lines in the schema of `candidates --json` (rank, "
                         "score, pipeline, knobs, compilation_info; plus problem_key, candidate_id)")
     add_heuristic_filters_flag(parser)
+    add_waves_per_eu_flag(parser)
     parser.set_defaults(handler=run)
 
 
@@ -74,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"ranking with the {where}", file=sys.stderr)
     tables = []
     for problem in load_problems(args.file, target):
-        cset = enumerate_candidates(problem, target, heuristic_filters=args.heuristic_filters)
+        cset = enumerate_candidates(problem, target, extra_knobs=extra_knobs(args),
+                                    heuristic_filters=args.heuristic_filters)
         ranked = rank(cset, order=order, seed=args.seed, model=model)
         if args.json:
             head = ranked if args.limit is None else ranked.head(args.limit)

@@ -82,9 +82,12 @@ class PairwiseModel(CostModel):
     kind = "pairwise"
 
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
-                 seed: int = 0, kind_terms: bool = False) -> None:
-        if not (c > 0 and pairs > 0 and weak_weight >= 0):
-            raise InputError("pairwise model needs c > 0, pairs > 0 and weak_weight >= 0")
+                 seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0) -> None:
+        if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0):
+            raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0 and "
+                             "hard_negatives >= 0")
+        # A training setting, not a prediction one: kept out of the stored params.
+        self.hard_negatives = int(hard_negatives)
         self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
                                        "weak_weight": float(weak_weight)}
         if kind_terms:  # only stored when set: model files without it keep loading
@@ -107,8 +110,9 @@ class PairwiseModel(CostModel):
         """`labels`: POSITIVE for expert rows, WEAK_POSITIVE for IREE's default, 0 otherwise;
         `groups`: the dispatch of each row; `pipelines`: each row's pipeline name. Each positive is
         paired with up to `pairs` rows of its group labelled lower (both orientations, so no
-        intercept is needed)."""
-        from sklearn.linear_model import LogisticRegression
+        intercept is needed). With `hard_negatives` = h, a second fit adds, for each positive,
+        pairs with the h lower rows the first fit scores highest: the order is judged at its top,
+        where random pairs are few (held out this helps: docs/gpu_order.md, part 5)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
@@ -135,14 +139,31 @@ class PairwiseModel(CostModel):
                 weights.append(np.full(len(pick), share))
         if not diffs:
             raise InputError("pairwise fit found no positive row with lower-labelled rows beside it")
+        self.weights = self._fit_pairs(diffs, weights)
+        if self.hard_negatives:
+            scores = z @ self.weights
+            for group in pd.unique(g):
+                rows = np.flatnonzero(g == group)
+                for row in rows[y[rows] > 0]:
+                    lower = rows[y[rows] < y[row]]
+                    top = lower[np.argsort(-scores[lower], kind="stable")[: self.hard_negatives]]
+                    diffs.append(z[row] - z[top])
+                    share = 1.0 if y[row] >= POSITIVE else self.params["weak_weight"]
+                    weights.append(np.full(len(top), share))
+            self.weights = self._fit_pairs(diffs, weights)
+        self.training_rows = sum(len(d) for d in diffs)
+        return self
+
+    def _fit_pairs(self, diffs: list[np.ndarray], weights: list[np.ndarray]) -> np.ndarray:
+        """Logistic regression on pair differences (both orientations, no intercept)."""
+        from sklearn.linear_model import LogisticRegression
+
         d, w = np.vstack(diffs), np.concatenate(weights)
         x = np.vstack([d, -d])
         target = np.concatenate([np.ones(len(d)), np.zeros(len(d))])
         fit = LogisticRegression(C=self.params["c"], fit_intercept=False, max_iter=5000)
         fit.fit(x, target, sample_weight=np.concatenate([w, w]))
-        self.weights = fit.coef_[0].astype(np.float64)
-        self.training_rows = len(d)
-        return self
+        return np.asarray(fit.coef_[0], dtype=np.float64)
 
     def predict(self, features: pd.DataFrame) -> np.ndarray:
         return self.predict_candidates(features, None)

@@ -18,16 +18,28 @@ Attention matchers name no shape (any f16 `online_attention`, some with static d
 (`SDXL_ATTENTION_SHAPES`), with its `decomposition_config` (intrinsic, subgroup basis) read with
 IREE's bindings. Matchers the project cannot rebuild (transform-dialect scripts) are kept with a
 reason.
+
+Spec files are read as a hostile reader would: text only (nothing is executed), `//` comments
+dropped, every matcher (a named sequence that yields a configuration) either becomes an entry or
+is skipped with a reason (`skip_reasons` counts them), and nothing a file says can raise anything
+but a one-line `InputError` for the file (unreadable, not UTF-8, aliases that expand without bound).
+Intermediate syntax generations are mapped to IREE 3.13's before its bindings read them
+(`modernise`): `translation_info<LLVMGPUVectorDistribute ...>` / `<pipeline = LLVMGPU...>` pipeline
+spellings, 2024 intrinsic names, `mma_schedule` in the translation config and
+`subgroup_m_count`/`subgroup_n_count` in a `#iree_gpu.lowering_config`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dispatchtune.errors import InputError
 from dispatchtune.problem import Problem
@@ -62,7 +74,7 @@ class ExpertConfig:
     workgroup_size: tuple[int, ...]
     subgroup_size: int
     waves_per_eu: int = 0  # 0 = compiler default
-    syntax: str = "current"  # "current", "tileandfuse-2025" or "2024"
+    syntax: str = "current"  # "current", "tileandfuse-2025", "modernised" (other older) or "2024"
 
 
 @dataclass(frozen=True)
@@ -88,11 +100,18 @@ _MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
 _MAP_TEXT = re.compile(r"affine_map<\([^)]*\)\s*->\s*\([^)]*\)>")
 _TENSOR = re.compile(r"tensor<([^>]*)>")
 _OLD_INTRINSIC = re.compile(r"^(MFMA|WMMA)_([A-Z0-9]+)_(\d+x\d+x\d+)_([A-Z0-9]+)$")
+_COMMENT = re.compile(r"//[^\n]*")
+#: A sequence's result types (a matcher yields (op, configuration): a transform param).
+_RESULTS = re.compile(r"\)\s*->\s*\(([^)]*)\)\s*\{")
+#: Aliases may expand a file at most this many times its size (a hostile file could nest them).
+_ALIAS_GROWTH = 16
 
 
 def _balanced(text: str, start: int) -> str:
     """The `<...>` group opening at or after `start` (arrows `->` are not brackets)."""
-    begin = text.index("<", start)
+    begin = text.find("<", start)
+    if begin < 0:
+        raise InputError("no '<' after a tuning spec attribute name")
     depth = 0
     i = begin
     while i < len(text):
@@ -124,8 +143,15 @@ def _resolve_aliases(text: str) -> str:
     pattern = re.compile("|".join(re.escape(n) for n in sorted(aliases, key=len, reverse=True))
                          + r"(?![\w])")
 
+    limit = _ALIAS_GROWTH * max(len(text), 1024)
+    grown = [0]
+
     def expand(match: re.Match[str]) -> str:
-        return aliases[match.group(0)]
+        value = aliases[match.group(0)]
+        grown[0] += len(value)  # checked as it grows: nested aliases could exhaust memory
+        if grown[0] > limit:
+            raise InputError(f"attribute aliases expand the spec beyond {_ALIAS_GROWTH}x its size")
+        return value
 
     for _ in range(4):  # aliases refer to aliases (compilation -> translation)
         body = pattern.sub(expand, body)
@@ -329,8 +355,8 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen, iree_gpu
 
-    with ir.Context():
-        info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(text))
+    with _context():
+        info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(modernise(text)[0]))
         config = iree_gpu.LoweringConfigAttr(info.lowering_config)
         workgroup = tuple(int(v) for v in config.workgroup_tile_sizes)
         reduction = tuple(int(v) for v in config.reduction_tile_sizes)
@@ -366,8 +392,8 @@ def _attention_entries(file: str, name: str, body: str, config_text: str) -> lis
         return [ExpertEntry(file, name, skipped="attention: transform-dialect script, no config")]
     try:
         problems = _attention_problems(body, name)
-    except InputError as exc:
-        return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {exc}")]
+    except Exception as exc:  # any rebuild failure is reported for this matcher alone
+        return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {_reason(exc)}")]
     if not problems:
         return [ExpertEntry(file, name, skipped="attention: matches none of the SDXL shapes")]
     entries = []
@@ -375,10 +401,13 @@ def _attention_entries(file: str, name: str, body: str, config_text: str) -> lis
         label = f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
         try:
             config = _parse_attention(config_text, decomposition.group(1), problem)
+            entry = ExpertEntry(file, label, problem, config)
+            expert_columns(entry)
         except Exception as exc:  # any parse failure is reported for this matcher alone
-            entries.append(ExpertEntry(file, label, problem, skipped=f"cannot read config: {exc}"))
+            entries.append(ExpertEntry(file, label, problem,
+                                       skipped=f"cannot read config: {_reason(exc)}"))
             continue
-        entries.append(ExpertEntry(file, label, problem, config))
+        entries.append(entry)
     return entries
 
 
@@ -388,49 +417,94 @@ def _config_text(body: str) -> str | None:
     return _balanced(body, at) if at >= 0 else None
 
 
+@functools.lru_cache(maxsize=1)
+def _context() -> Any:
+    """One MLIR context for every attribute read (creating one registers IREE's dialects: ~10
+    ms); parse failures leave it usable."""
+    from iree.compiler import ir
+
+    return ir.Context()
+
+
+_OLD_PIPELINE = re.compile(r"translation_info<\s*(?:pipeline\s*=\s*)?LLVMGPU(\w+)")
+_MMA_SCHEDULE = re.compile(r",?\s*mma_schedule\s*=\s*#iree_gpu\.mma_schedule")
+
+
+def modernise(text: str) -> tuple[str, dict[str, int | str]]:
+    """A compilation_info of any syntax generation in IREE 3.13's spelling, and what an older
+    `mma_schedule` in its translation config said (intrinsic, subgroup counts), which 3.13
+    cannot parse and so is cut out of the text."""
+
+    def pipeline(match: re.Match[str]) -> str:
+        name = match.group(1)
+        # 2024's PadAndVectorDistribute (unaligned shapes) is VectorDistribute with padding now.
+        name = "VectorDistribute" if name == "PadAndVectorDistribute" else name
+        return f"translation_info<pipeline = #iree_gpu.pipeline<{name}>"
+
+    # 2025 TileAndFuse specs leave the attribute's dialect out: `translation_info = <pipeline`.
+    text = re.sub(r"translation_info\s*=\s*<", "translation_info = #iree_codegen.translation_info<",
+                  text)
+    text = _OLD_PIPELINE.sub(pipeline, text)
+    text = re.sub(r"mma_layout<(\w+)>", lambda m: f"mma_layout<{current_intrinsic(m.group(1))}>", text)
+    # IREE 3.13 spells shared-memory prefetching as a stage count.
+    text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")
+    text = text.replace("prefetch_shared_memory = false", "prefetch_num_stages = 0")
+    schedule: dict[str, int | str] = {}
+    found = _MMA_SCHEDULE.search(text)
+    if found:
+        group = _balanced(text, found.end())
+        intrinsic = re.search(r"mma_layout<(\w+)>", group)
+        counts = {k: int(v) for k, v in re.findall(r"(subgroup_[mn]_count)\s*=\s*(\d+)", group)}
+        schedule = {**counts, **({"intrinsic": intrinsic.group(1)} if intrinsic else {})}
+        text = text[: found.start()] + text[found.end() + len(group):]
+        text = re.sub(r"\{\s*,\s*", "{", text)  # the schedule was the dictionary's first entry
+    return text, schedule
+
+
 def _parse_current(text: str, problem: Problem) -> ExpertConfig:
-    """A current-syntax compilation_info, read with IREE's bindings."""
+    """A current-syntax compilation_info (or an older one, `modernise`d), read with IREE's
+    bindings."""
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen, iree_gpu
 
-    syntax = "current"
-    if "LLVMGPUTileAndFuse" in text:
-        syntax = "tileandfuse-2025"
-        text = re.sub(
-            r"translation_info\s*=\s*<pipeline\s*=\s*LLVMGPUTileAndFuse",
-            "translation_info = #iree_codegen.translation_info<pipeline = "
-            "#iree_gpu.pipeline<TileAndFuse>",
-            text,
-        )
-        # IREE 3.13 spells shared-memory prefetching as a stage count.
-        text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")
-        text = text.replace("prefetch_shared_memory = false", "prefetch_num_stages = 0")
-    with ir.Context():
+    original = text
+    text, schedule = modernise(text)
+    syntax = ("tileandfuse-2025" if "LLVMGPUTileAndFuse" in original
+              else "current" if text == original else "modernised")
+    with _context():
         info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(text))
         config = iree_gpu.LoweringConfigAttr(info.lowering_config)
         attrs = config.attributes
         workgroup = tuple(int(v) for v in config.workgroup_tile_sizes)
         reduction = tuple(int(v) for v in config.reduction_tile_sizes)
-        intrinsic = re.sub(r".*<(\w+).*", r"\1", str(config.mma_kind))
+        kind = config.mma_kind
+        intrinsic = (re.sub(r".*<(\w+).*", r"\1", str(kind)) if kind is not None
+                     else str(schedule.get("intrinsic", "")))
         subgroup = tuple(int(v) for v in ir.ArrayAttr(attrs["subgroup"])) if "subgroup" in attrs \
             else ()
         basis = config.subgroup_basis
         counts_per_loop = tuple(int(v) for v in basis[0]) if basis is not None else ()
+        # Late-2024 lowering configs and mma_schedules name (M, N) subgroup counts directly.
+        named = {k: int(ir.IntegerAttr(attrs[k]).value) for k in
+                 ("subgroup_m_count", "subgroup_n_count") if k in attrs}
+        named = {**{k: int(v) for k, v in schedule.items() if k != "intrinsic"}, **named}
         translation = info.translation_info
         pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(translation.pass_pipeline))
         wg_size = tuple(int(v) for v in translation.workgroup_size)
         sg_size = int(translation.subgroup_size)
         waves = _waves(str(translation.configuration))
+    if not intrinsic:
+        raise InputError("no intrinsic (mma_kind) in the configuration")
     shape = _mma_shape(intrinsic)
     if pipeline == "TileAndFuse":
         # TileAndFuse states reduction and subgroup tiles in intrinsics, not elements.
         reduction = tuple(r * shape[2] for r in reduction)
+    counts = ((named.get("subgroup_m_count", 1), named.get("subgroup_n_count", 1))
+              if named and not counts_per_loop else
+              _subgroup_counts(problem, pipeline, workgroup, shape, counts_per_loop, subgroup))
     return ExpertConfig(
         pipeline=pipeline, workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
-        mma_shape=shape,
-        subgroup_counts=_subgroup_counts(
-            problem, pipeline, workgroup, shape, counts_per_loop, subgroup
-        ),
+        mma_shape=shape, subgroup_counts=counts,
         workgroup_size=wg_size, subgroup_size=sg_size, waves_per_eu=waves, syntax=syntax,
     )
 
@@ -451,16 +525,16 @@ def _parse_2024(text: str, problem: Problem) -> ExpertConfig:
     clamp = [0 if t >= b else t for t, b in zip(tiles, bounds, strict=True)]
     workgroup = tuple(0 if i in reduction_loops else t for i, t in enumerate(clamp))
     reduction = tuple(t if i in reduction_loops else 0 for i, t in enumerate(clamp))
-    pipeline = re.search(r"translation_info<LLVMGPU(\w+)", text)
-    intrinsic = current_intrinsic(re.search(r"mma_layout<(\w+)>", text).group(1))  # type: ignore[union-attr]
-    sg_m = int(re.search(r"subgroup_m_count\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
-    sg_n = int(re.search(r"subgroup_n_count\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
+    text, schedule = modernise(text)
+    pipeline = re.search(r"pipeline<(\w+)>", text)
+    layout = re.search(r"mma_layout<(\w+)>", text)
+    intrinsic = str(schedule.get("intrinsic") or (layout.group(1) if layout else ""))
+    if not intrinsic:
+        raise InputError("no intrinsic (mma_schedule or mma_kind) in the configuration")
+    sg_m, sg_n = (int(schedule.get(f"subgroup_{c}_count", 1)) for c in "mn")
     wg_size = _ints(re.search(r"workgroup_size\s*=\s*\[([^\]]*)\]", text).group(1))  # type: ignore[union-attr]
     sg_size = int(re.search(r"subgroup_size\s*=\s*(\d+)", text).group(1))  # type: ignore[union-attr]
     name = pipeline.group(1) if pipeline else "VectorDistribute"
-    # 2024's PadAndVectorDistribute (unaligned shapes) is no pipeline of its own in IREE 3.13:
-    # VectorDistribute with padding, the pipeline its configuration means now.
-    name = "VectorDistribute" if name == "PadAndVectorDistribute" else name
     return ExpertConfig(
         pipeline=name,
         workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
@@ -562,26 +636,57 @@ def configuration_columns(text: str, problem: Problem) -> dict[str, int | str]:
 
 
 # ---- files --------------------------------------------------------------------------------------
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line (MLIR parse errors quote the whole text: their message
+    follows the last `":line:column: `)."""
+    message = str(exc)
+    located = re.findall(r'":\d+:\d+: ([^\n]*)', message)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = located[-1] if located else lines[-1] if lines else ""
+    prefix = "" if isinstance(exc, InputError) else f"{type(exc).__name__}: "
+    return (prefix + text)[:160]
+
+
 def load_spec_file(path: str | Path) -> list[ExpertEntry]:
-    """Every matcher of one spec file that carries a configuration, in file order."""
+    """Every matcher of one spec file, in file order: an entry with its configuration, or one
+    saying why it was skipped. Only an unreadable file raises (`InputError`)."""
     path = Path(path)
     try:
-        text = _resolve_aliases(path.read_text())
+        raw = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise InputError(f"cannot read tuning spec {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise InputError(f"tuning spec {path} is not UTF-8 text (byte {exc.start})") from exc
+    # Comments go first: a commented-out configuration is not the expert's.
+    text = _resolve_aliases(_COMMENT.sub("", raw))
     sequences = list(_sequences(text))
     helpers = {n: b for n, b in sequences if "compilation_info" not in b}
     entries = []
     for name, body in sequences:
-        config_text = _config_text(body)
-        if "attention" in body and ("online_attention" in body or "match.attention" in body):
-            if config_text is not None or "TransformDialectCodegen" in body:
-                entries += _attention_entries(path.name, name, body, config_text or "")
-            continue
-        if config_text is None:
-            continue
-        entries.append(_entry(path.name, name, body, config_text, helpers))
+        try:
+            entries += _sequence_entries(path.name, name, body, helpers)
+        except Exception as exc:  # a hostile file: whatever breaks, this matcher alone is skipped
+            entries.append(ExpertEntry(path.name, name, skipped=f"unreadable matcher: {_reason(exc)}"))
     return entries
+
+
+def _sequence_entries(
+    file: str, name: str, body: str, helpers: Mapping[str, str]
+) -> list[ExpertEntry]:
+    """The entries of one named sequence: none for helpers (no configuration yielded)."""
+    config_text = _config_text(body)
+    results = _RESULTS.search(body)
+    yields_config = bool(results and "!transform.any_param" in results.group(1))
+    attention = "attention" in body and ("online_attention" in body or "match.attention" in body)
+    if attention and (config_text is not None or "TransformDialectCodegen" in body):
+        return _attention_entries(file, name, body, config_text or "")
+    if config_text is None:
+        if yields_config:
+            return [ExpertEntry(file, name, skipped="no compilation_info constant in the matcher")]
+        return []  # a helper (op matcher, apply/entry sequence): no configuration of its own
+    if "TransformDialectCodegen" in config_text:
+        return [ExpertEntry(file, name, skipped="transform-dialect script, no config")]
+    return [_entry(file, name, body, config_text, helpers)]
 
 
 def _entry(
@@ -589,27 +694,53 @@ def _entry(
 ) -> ExpertEntry:
     try:
         problem = _matcher_problem(body, name, helpers)
-    except (InputError, ValueError, AttributeError) as exc:
-        return ExpertEntry(file, name, skipped=f"cannot rebuild the op: {exc}")
+    except Exception as exc:  # any rebuild failure is reported for this matcher alone
+        return ExpertEntry(file, name, skipped=f"cannot rebuild the op: {_reason(exc)}")
     if problem is None:
-        kind = "attention" if "attention" in body else "unsupported matcher form"
-        return ExpertEntry(file, name, skipped=kind)
+        return ExpertEntry(file, name, skipped=_unsupported(body, helpers))
     try:
         if "tile_sizes" in config_text:
             config = _parse_2024(config_text, problem)
         else:
             config = _parse_current(config_text, problem)
+        entry = ExpertEntry(file, name, problem, config)
+        expert_columns(entry)  # a usable entry must describe itself in candidate terms
     except Exception as exc:  # any parse failure is reported for this matcher alone
-        return ExpertEntry(file, name, problem=problem, skipped=f"cannot read config: {exc}")
+        return ExpertEntry(file, name, problem=problem, skipped=f"cannot read config: {_reason(exc)}")
     if problem.kind == "contraction" and problem.loops("batch"):
         return ExpertEntry(file, name, problem, config, notes=("batch matmul",))
-    return ExpertEntry(file, name, problem, config)
+    return entry
+
+
+def _unsupported(body: str, helpers: Mapping[str, str]) -> str:
+    """Why `_matcher_problem` found no op it rebuilds in a matcher (one line)."""
+    if "attention" in body:
+        return "attention"
+    include = re.search(r"transform\.include\s+@(\w+)", body)
+    if include and include.group(1) not in helpers:
+        return f"unsupported matcher form: includes @{include.group(1)}, not in the file"
+    ops = re.findall(r"=\s*(linalg\.\w+|iree_linalg_ext\.\w+)", body)
+    if ops:
+        return f"unsupported matcher form: root op {ops[-1]}"
+    return "unsupported matcher form: no contraction, convolution or attention matched"
+
+
+def skip_reasons(entries: Iterable[ExpertEntry]) -> Counter[str]:
+    """Skipped matchers per reason (the reason up to its first ':', details dropped)."""
+    return Counter(e.skipped.split(":", 1)[0] for e in entries if not e.usable)
 
 
 def load_spec_dir(directory: str | Path) -> list[ExpertEntry]:
-    """Every expert entry of every `*.mlir` spec file in a directory (sorted by file name)."""
+    """Every expert entry of every `*.mlir` spec file in a directory (sorted by file name); a file
+    that cannot be read at all is one skipped entry (matcher `*`), not an error."""
     directory = Path(directory)
     files = sorted(directory.glob("*.mlir"))
     if not files:
         raise InputError(f"no .mlir tuning specs in {directory}")
-    return [e for f in files for e in load_spec_file(f)]
+    entries = []
+    for path in files:
+        try:
+            entries += load_spec_file(path)
+        except InputError as exc:
+            entries.append(ExpertEntry(path.name, "*", skipped=f"unreadable file: {exc}"))
+    return entries

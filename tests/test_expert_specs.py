@@ -142,3 +142,40 @@ def test_attention_expert_read_by_meaning_and_found_in_the_real_space() -> None:
     table = enumerate_candidates(entry.problem, "gfx942").table
     mask, why = expert_mask(table, cols)
     assert mask.any(), why
+
+
+def test_older_syntax_generations_and_skips_with_reasons() -> None:
+    """Late-2024 / early-2025 spellings are read by meaning; the rest is skipped with a reason."""
+    from dispatchtune.datasets.expert_specs import skip_reasons
+
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "generations.mlir")}
+    late = entries["match_mmt_late2024"]  # subgroup_m/n_count in the lowering config
+    assert late.problem is not None and late.problem.sizes("m") == (2, 1024)
+    assert late.config is not None and late.config.syntax == "modernised"
+    assert late.config.waves_per_eu == 2
+    # The commented-out 16x16 configuration above the real one is not read.
+    assert expert_columns(late) == {
+        "pipeline": "VectorDistribute", "intrinsic": "MFMA_F32_16x16x16_F16", "tile_b": 1,
+        "tile_m": 128, "tile_n": 128, "tile_k": 64, "subgroups_m": 2, "subgroups_n": 2,
+        "workgroup_threads": 256,
+    }
+    early = entries["match_mmt_early2025"]  # `pipeline = LLVMGPU...`, mma_schedule in the config
+    assert early.config is not None and early.config.waves_per_eu == 1
+    cols = expert_columns(early)
+    assert (cols["intrinsic"], cols["subgroups_m"], cols["subgroups_n"]) == (
+        "MFMA_F32_32x32x8_F16", 2, 4)
+    assert entries["match_via_unknown_helper"].skipped.endswith("@not_defined_here, not in the file")
+    assert entries["match_unknown_op"].skipped.endswith("root op linalg.softmax")
+    assert "apply_op_config" not in entries  # no configuration yielded: not a matcher
+    assert skip_reasons(entries.values()) == {
+        "unsupported matcher form": 2, "transform-dialect script, no config": 1,
+        "no compilation_info constant in the matcher": 1,
+    }
+
+
+def test_a_directory_with_an_unreadable_file_keeps_the_others(tmp_path: Path) -> None:
+    (tmp_path / "bad.mlir").write_bytes(b"\xff\xfe")
+    (tmp_path / "good.mlir").write_text((FIXTURES / "unet_fp16_vectordistribute.mlir").read_text())
+    bad, good = load_spec_dir(tmp_path)
+    assert bad.matcher == "*" and bad.skipped.startswith("unreadable file:")
+    assert good.usable

@@ -150,3 +150,22 @@ def test_kind_terms_give_attention_weights_of_its_own() -> None:
     assert model.weights is not None and model.weights.shape == (2 * half,)
     assert model.params["kind_terms"] is True
     assert "kind_terms" not in PairwiseModel().params  # older model files stay loadable
+
+
+def test_hard_negatives_refit_keeps_the_positive_on_top_and_loads(tmp_path: Path) -> None:
+    """The second fit adds the top-scored other rows as pairs; the setting is training-only, so
+    the saved model has the usual params and loads."""
+    features = extract_features(SMALL, GFX942, _small().table)
+    labels = np.zeros(len(features))
+    labels[len(features) // 3] = POSITIVE
+    groups = np.zeros(len(features))
+    plain = PairwiseModel(c=1.0).fit(features, labels, groups)
+    hard = PairwiseModel(c=1.0, hard_negatives=20).fit(features, labels, groups)
+    assert hard.training_rows == plain.training_rows + 20
+    order = hard.rank(features)
+    assert int(np.flatnonzero(order == len(features) // 3)[0]) < 0.05 * len(order)
+    assert "hard_negatives" not in hard.params
+    loaded = load_cost_model(save_model(hard, tmp_path / "hard.json", {}))
+    assert np.array_equal(loaded.predict(features), hard.predict(features))
+    with pytest.raises(InputError, match="hard_negatives >= 0"):
+        PairwiseModel(hard_negatives=-1)
