@@ -34,7 +34,10 @@ if TYPE_CHECKING:
     from dispatchtune.targets import Target
 
 #: Bumped whenever a feature is added, removed, renamed or changes meaning; learned models store it.
-FEATURE_SCHEMA_VERSION = 2
+#: 3: GPU `workgroups` (and the occupancy terms built on it) come from the candidate table, and
+#: attention's LDS and accumulator features count what IREE stages (issue 22 part 4); CPU features
+#: are unchanged, so the shipped host model was re-stamped, not retrained.
+FEATURE_SCHEMA_VERSION = 3
 
 #: Resident subgroups (waves/warps) one SIMD can hold; 8 on CDNA3 for occupancy purposes and on
 #: NVIDIA Turing/Ampere (32-48 warps per SM over 4 sub-partitions).

@@ -25,6 +25,7 @@ from dispatchtune.costmodel.modelfile import FORMAT, MAX_MODEL_BYTES, load_model
 from dispatchtune.costmodel.train import TrainingData, load_training_data
 from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
+from dispatchtune.features.extract import FEATURE_SCHEMA_VERSION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HOST_MODEL = Path(__file__).parent.parent / "costmodel" / "models" / "host.json"
@@ -191,12 +192,13 @@ def test_old_and_newer_formats_and_other_feature_schemas_are_refused(
     with pytest.raises(InputError, match=r"format 1 is no longer read.*retrain with train-costmodel"):
         load_model(old)
     old_schema = _edited(saved["gbm"], tmp_path, lambda d: d.update(feature_schema_version=1))
-    with pytest.raises(InputError, match=r"feature schema v1 .*v2.*retrain"):
+    with pytest.raises(InputError, match=rf"feature schema v1 .*v{FEATURE_SCHEMA_VERSION}.*retrain"):
         load_model(old_schema)
     fewer = _edited(saved["rf"], tmp_path, lambda d: d["feature_names"].pop())
     with pytest.raises(InputError, match="retrain") as caught:
         load_model(fewer)
-    assert "v2" in str(caught.value) and str(caught.value).count("v2") == 1
+    current = f"v{FEATURE_SCHEMA_VERSION}"
+    assert current in str(caught.value) and str(caught.value).count(current) == 1
 
 
 def test_json_beyond_the_limits_is_refused(tmp_path: Path, saved: dict[str, Path]) -> None:
