@@ -6,7 +6,16 @@ import argparse
 import sys
 from typing import Any
 
-from dispatchtune.cli.options import AT_LEAST_0, absolute_path, add_number, add_target, shown
+from dispatchtune.cli.options import (
+    AT_LEAST_0,
+    absolute_path,
+    add_heuristic_filters_flag,
+    add_number,
+    add_target,
+    add_waves_per_eu_flag,
+    extra_knobs,
+    shown,
+)
 from dispatchtune.errors import InputError
 
 _SUMMARY = ("pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "vec_m", "vec_n", "workgroups")
@@ -74,40 +83,3 @@ def run(args: argparse.Namespace) -> int:
     if len(candidates):
         print(candidates.table.loc[:, list(_SUMMARY)].to_string(), file=out)
     return 0
-
-
-def add_heuristic_filters_flag(parser: argparse.ArgumentParser) -> None:
-    """`--no-heuristic-filters`: the whole valid GPU space (shared by `candidates` and `rank`)."""
-    parser.add_argument(
-        "--no-heuristic-filters", dest="heuristic_filters", action="store_false",
-        help="GPU: drop the constraints IREE marks as heuristic filters (threads <= the larger "
-        "workgroup tile, K tile a multiple of the intrinsic's M) and keep its validity "
-        "constraints: brings in most expert configurations, and candidates of which some fail "
-        "to compile (measured in docs/gpu_order.md; tune records them as compile failures)",
-    )
-
-
-def _waves_list(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(dict.fromkeys(int(v) for v in text.split(",")))
-    except ValueError:
-        values = ()
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
-    return values
-
-
-def add_waves_per_eu_flag(parser: argparse.ArgumentParser) -> None:
-    """`--waves-per-eu 0,1,2,4`: the AMD occupancy hint as a knob (shared by `candidates`, `rank`)."""
-    parser.add_argument(
-        "--waves-per-eu", type=_waves_list, default=None, metavar="N[,N...]",
-        help="AMD GPUs: also enumerate LLVM's amdgpu-waves-per-eu hint (translation_info "
-        "llvm_func_attrs; 0 = compiler default) over these values; multiplies the space by "
-        "their count (expert specs use 0, 1, 2 and 4)",
-    )
-
-
-def extra_knobs(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
-    """The extra GPU knobs the command line asks for (None: IREE's space as is)."""
-    waves = getattr(args, "waves_per_eu", None)
-    return {"waves_per_eu": waves} if waves else None

@@ -6,15 +6,17 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dispatchtune.cli.candidates import add_heuristic_filters_flag, add_waves_per_eu_flag, extra_knobs
 from dispatchtune.cli.jsonlines import write_json_lines
 from dispatchtune.cli.options import (
     AT_LEAST_0,
     absolute_path,
     add_cost_model,
+    add_heuristic_filters_flag,
     add_number,
     add_seed,
     add_target,
+    add_waves_per_eu_flag,
+    extra_knobs,
     order_of,
     output_file,
 )

@@ -11,9 +11,11 @@ from dispatchtune.cli.options import (
     POSITIVE,
     TUNE_DEFAULTS,
     absolute_path,
+    add_heuristic_filters_flag,
     add_number,
     add_target,
     add_tuning_common,
+    add_waves_per_eu_flag,
     order_of,
     output_dir,
     progress_of,
@@ -41,6 +43,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("file", type=absolute_path, help="model/function .mlir or *_benchmark.mlir")
     add_target(parser)
     add_tuning_common(parser, defaults, "candidates to benchmark per dispatch")
+    add_heuristic_filters_flag(parser)
+    add_waves_per_eu_flag(parser)
     parser.add_argument(
         "--storage", metavar="URL",
         help="Optuna storage of the online search (--order online only; default: sqlite study.db "
@@ -137,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         progress=progress_of(args),
         retry_failed=args.retry_failed,
         lease_s=args.lease,
+        heuristic_filters=args.heuristic_filters,
+        waves_per_eu=args.waves_per_eu or (),
     )
     result = tune(args.file, args.target, args.output_dir, options)
     print(result.text)

@@ -63,3 +63,32 @@ def test_expert_order_matches_waves_per_eu_when_enumerated(tmp_path: Path) -> No
     assert mask.any() and set(table.loc[mask, "waves_per_eu"]) == {2}
     missing, why = expert_mask(table, {**expert, "waves_per_eu": 8})
     assert not missing.any() and why.startswith("waves_per_eu=8")
+
+
+def test_tune_builds_waves_per_eu_candidates_with_the_hint_applied(tmp_path: Path) -> None:
+    """`tune --waves-per-eu` (with the whole valid space): the hint reaches the applied config."""
+    import subprocess
+    import sys
+
+    from dispatchtune.datasets.records import read_results
+
+    source = tmp_path / "mm.mlir"
+    source.write_text(MATMUL.to_mlir())
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(source), "--target", "gfx942",
+         "--compile-only", "--budget", "2", "--waves-per-eu", "2", "--no-heuristic-filters",
+         "--no-progress", "-o", str(out)],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    built = [r for r in read_results(out / "results.jsonl") if r.is_candidate
+             and r.compile_status == "ok"]
+    assert built and all('"amdgpu-waves-per-eu" = "2"' in r.compilation_info for r in built)
+    refused = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(source), "--target", "host",
+         "--budget", "1", "--waves-per-eu", "2", "-o", str(tmp_path / "cpu")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert refused.returncode == 2 and "not an AMD target" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1

@@ -77,7 +77,10 @@ def candidate_source(
     """The candidates of one dispatch as `options.order` asks: online, or a static ranking."""
     from dispatchtune.search import enumerate_candidates
 
-    cset = enumerate_candidates(problem, target)
+    cset = enumerate_candidates(
+        problem, target, heuristic_filters=options.heuristic_filters,
+        extra_knobs={"waves_per_eu": options.waves_per_eu} if options.waves_per_eu else None,
+    )
     if options.budget > len(cset):
         logger.info("%s: the space has %d candidates, fewer than --budget %d: every one will be "
                     "tried", problem.key[:40], len(cset), options.budget)
@@ -216,6 +219,8 @@ def tune(
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
     options = options.for_target(target.name)
+    if options.waves_per_eu and target.backend != "rocm":
+        raise InputError(f"--waves-per-eu is an AMD GPU hint; {target.name} is not an AMD target")
     devices = parse_devices(options.devices, options.runner, target.device_uri)
     if not options.compile_only and any(not d.runner for d in devices):
         target.check_runs_here()  # only devices on this machine need this CPU to run the code

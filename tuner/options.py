@@ -61,6 +61,10 @@ class TuneOptions:
     retry_failed: bool = False
     # Online search: seconds without a heartbeat after which a worker's claim is taken back.
     lease_s: int = 30
+    # The GPU space: False drops the constraints IREE marks as heuristic filters (its validity
+    # constraints stay); `waves_per_eu` values add LLVM's amdgpu-waves-per-eu hint as a knob.
+    heuristic_filters: bool = True
+    waves_per_eu: tuple[int, ...] = ()
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
     def for_target(self, target_name: str) -> TuneOptions:
