@@ -16,14 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from dispatchtune.candidate import DECOMPOSITION_KEY, with_decomposition
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import DIM_CLASSES, Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
 
 #: Where GPU attention candidates carry their decomposition_config (see `search.gpu.materialize`).
-DECOMPOSITION_KEY = "decomposition_config"
-
 _SPEC_ATTRS = ("transform.with_named_sequence", "iree_codegen.tuning_spec_with_default_entrypoint")
 
 
@@ -276,21 +275,6 @@ def _split_decomposition(problem: Problem, config: str) -> tuple[str, str]:
     config_attr = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
     stripped = iree_codegen.CompilationInfoAttr.get(config_attr, info.translation_info)
     return str(stripped), str(decomposition)
-
-
-def with_decomposition(info: Any, decomposition: Any) -> Any:
-    """A compilation_info whose lowering_config carries `decomposition` (the candidate form)."""
-    from iree.compiler import ir
-    from iree.compiler.dialects import iree_codegen, iree_gpu
-
-    info = iree_codegen.CompilationInfoAttr(info)
-    if not iree_gpu.LoweringConfigAttr.isinstance(info.lowering_config):
-        return info
-    lowering = iree_gpu.LoweringConfigAttr(info.lowering_config).attributes
-    entries = {lowering[i].name: lowering[i].attr for i in range(len(lowering))}
-    entries[DECOMPOSITION_KEY] = decomposition
-    config_attr = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
-    return iree_codegen.CompilationInfoAttr.get(config_attr, info.translation_info)
 
 
 def _emit_match(problem: Problem, handle: Any) -> None:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dispatchtune.candidate import DECOMPOSITION_KEY, with_decomposition
 from dispatchtune.errors import DispatchTuneError
-from dispatchtune.ir.spec import DECOMPOSITION_KEY, with_decomposition
 from dispatchtune.problem import Problem
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
