@@ -311,3 +311,63 @@ def test_keep_rule_needs_a_significant_sign_test_and_a_minimum_effect() -> None:
     twelve = [1.03] * 12 + [0.99] * 3
     assert judge(twelve, 1.01, 0.05).decision == "keep"
     assert judge([1.03] * 11 + [0.99] * 4, 1.01, 0.05).decision == "undecided"
+
+
+# A valid CPU configuration of the block's FFN-up matmul (contraction 128x1024x256).
+FFN_UP_CONFIG = (
+    "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+    "distribution = [64, 64, 0], vector_common_parallel = [16, 16, 0], "
+    "vector_reduction = [0, 0, 1]>, translation_info = #iree_codegen.translation_info<"
+    "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+)
+
+
+def _finished_run(out: Path, problem: Problem, config: str) -> None:
+    """A tune-model output directory as a run leaves it: profile, final rounds, the spec."""
+    from dispatchtune.ir.lowering import scan_input
+    from dispatchtune.measure.builder import write_spec_file
+    from dispatchtune.tuner.model.log import ModelLog
+
+    log = ModelLog(out / "model_log.jsonl")
+    log.append("profile", model=str(MODEL), source=str(MODEL), model_sha256=scan_input(MODEL)[0],
+               target="host", device="local-sync", function="main", timer="cpu",
+               compile_flags=list(HOST.compile_flags), dispatches=[])
+    log.append("final", kept=[[problem.key, 7]], timer="cpu", rounds=3,
+               default_times_ms=[[3.0, 3.1], [3.3], [2.9]], tuned_times_ms=[[2.5], [3.0], [3.0]])
+    write_spec_file([(problem, config)], out / "tuning_spec.mlir")
+
+
+def test_reproduce_model_measures_the_spec_separately(tmp_path: Path) -> None:
+    """benchmarks/reproduce_model.py: the run's flags, with and without its spec, paired runs."""
+    from dispatchtune.benchmarks.reproduce_model import reproduce
+
+    problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))
+    out = tmp_path / "run"
+    _finished_run(out, problem, FFN_UP_CONFIG)
+    result = reproduce(MODEL, out, 2, repetitions=2, min_time_s=0.01, work=tmp_path)
+    assert not result.identical_binaries  # the spec changed the FFN-up matmul
+    assert len(result.default_ms) == len(result.tuned_ms) == len(result.ratios) == 2
+    assert min(result.default_ms + result.tuned_ms) > 0 and 0 <= result.tuned_faster <= 2
+    assert result.ratios == pytest.approx([d / t for d, t in zip(result.default_ms,
+                                                                  result.tuned_ms, strict=True)])
+    # Beside it, what the run reported: rounds 3.0/2.5, 3.3/3.0, 2.9/3.0.
+    assert result.reported == pytest.approx(1.1) and result.reported_low == pytest.approx(2.9 / 3)
+    assert "tuned faster in" in result.text and "tune-model reported: 1.100x" in result.text
+    assert list(tmp_path.glob("reproduce-*")) == []  # builds are temporary
+
+
+def test_reproduce_model_refuses_another_models_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatchtune.benchmarks.reproduce_model import main
+
+    problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))
+    out = tmp_path / "run"
+    out.mkdir()
+    assert main([str(MODEL), str(out)]) == 2
+    assert "holds no finished tune-model run" in capsys.readouterr().err
+    _finished_run(out, problem, FFN_UP_CONFIG)
+    other = Path(__file__).resolve().parent / "fixtures" / "mlp_two_matmuls.mlir"
+    assert main([str(other), str(out), "--pairs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run of another model" in err
