@@ -151,3 +151,20 @@ def test_tune_model_takes_the_torch_export_directly(
     assert "is torch dialect: lowered to a tensor function" in captured.err
     summary = (out / "summary.md").read_text()
     assert "Lowered from the torch-dialect export" in summary and "contraction_64x48x32" in summary
+
+
+def test_dynamic_shapes_are_named_as_the_cause_of_an_empty_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """IREE dumps no benchmark of a dynamic-shape dispatch; `tune` says why, in one line."""
+    from dispatchtune.cli import main as cli_main
+    from dispatchtune.ir.frontend import dynamic_shape_note
+
+    assert dynamic_shape_note(FIXTURES / "mlp_two_matmuls.mlir") == ""
+    assert dynamic_shape_note(FIXTURES / "malformed.mlir") == ""
+    assert cli_main(["tune", str(FIXTURES / "dynamic_matmul.mlir"), "--target", "host",
+                     "--budget", "1", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert ("dumped no dispatch benchmarks: argument 0 of @matmul has dynamic shape "
+            "tensor<?x256xf32>; dispatchtune needs static shapes") in err
