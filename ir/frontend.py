@@ -159,6 +159,48 @@ def _candidate_root_ops(module: Any) -> list[Any]:
     return found
 
 
+def dynamic_shape_note(path: Path) -> str:
+    """The first value of dynamic shape in `path` as a one-line cause, or "" when all are static.
+
+    `iree-compile --iree-hal-dump-executable-benchmarks-to` dumps benchmarks of static-shape
+    dispatches only, so an input with dynamic shapes yields an empty dump; this names the cause
+    (read only on that failure path: the file is parsed once more).
+    """
+    from iree.compiler import ir
+
+    found: list[str] = []
+
+    def dynamic(value: Any) -> bool:
+        return isinstance(value.type, ir.ShapedType) and not ir.ShapedType(
+            value.type).has_static_shape
+
+    def visit(op: Any) -> Any:
+        operation = op.operation
+        if operation.name in ("func.func", "util.func") and operation.regions[0].blocks:
+            name = str(operation.attributes["sym_name"]).strip('"')
+            for i, argument in enumerate(operation.regions[0].blocks[0].arguments):
+                if dynamic(argument):
+                    found.append(f"argument {i} of @{name} has dynamic shape {argument.type}")
+                    return ir.WalkResult.INTERRUPT
+        for value in operation.results:
+            if dynamic(value):
+                found.append(f"{operation.name} has dynamic shape {value.type}")
+                return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    try:
+        text = read_input(path)
+    except InputError:
+        return ""
+    with ir.Context():
+        try:
+            module = ir.Module.parse(text)
+        except ir.MLIRError:
+            return ""
+        module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return f"{found[0]}; dispatchtune needs static shapes" if found else ""
+
+
 def _static_shape(value: Any, op_name: str, path: Path) -> tuple[tuple[int, ...], str]:
     """(shape, element type) of a ranked tensor/memref value, or the element type of a scalar."""
     from iree.compiler import ir

@@ -105,7 +105,11 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
         raise InputError(f"iree-compile {proc.status} on {input_path}: {proc.error}")
     files = sorted(out_dir.glob("*_benchmark.mlir"))
     if not files:
-        raise InputError(f"{input_path}: iree-compile dumped no dispatch benchmarks")
+        from dispatchtune.ir.frontend import dynamic_shape_note
+
+        cause = dynamic_shape_note(input_path)
+        raise InputError(f"{input_path}: iree-compile dumped no dispatch benchmarks"
+                         + (f": {cause}" if cause else ""))
     for file in files:
         text = file.read_text()
         if "dense_resource<" not in text:

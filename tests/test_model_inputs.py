@@ -151,3 +151,58 @@ def test_tune_model_takes_the_torch_export_directly(
     assert "is torch dialect: lowered to a tensor function" in captured.err
     summary = (out / "summary.md").read_text()
     assert "Lowered from the torch-dialect export" in summary and "contraction_64x48x32" in summary
+
+
+def test_dynamic_shapes_are_named_as_the_cause_of_an_empty_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """IREE dumps no benchmark of a dynamic-shape dispatch; `tune` says why, in one line."""
+    from dispatchtune.cli import main as cli_main
+    from dispatchtune.ir.frontend import dynamic_shape_note
+
+    assert dynamic_shape_note(FIXTURES / "mlp_two_matmuls.mlir") == ""
+    assert dynamic_shape_note(FIXTURES / "malformed.mlir") == ""
+    assert cli_main(["tune", str(FIXTURES / "dynamic_matmul.mlir"), "--target", "host",
+                     "--budget", "1", "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert ("dumped no dispatch benchmarks: argument 0 of @matmul has dynamic shape "
+            "tensor<?x256xf32>; dispatchtune needs static shapes") in err
+
+
+def test_a_budget_short_of_the_coverage_says_which_budget_reaches_it() -> None:
+    """ResNet-18 b1 at --budget 12 tuned 6 of the 9 problems its 0.9 coverage selects."""
+    shares = [
+        DispatchShare(replace(Problem.matmul(128, n, 256, "f32"), name=f"main_dispatch_{i}_mm"),
+                      [f"main_dispatch_{i}"], 1, 3.0, 0.32, f"main_dispatch_{i}")
+        for i, n in enumerate((256, 512, 1024))
+    ]
+    selected = _select(shares, HOST, ModelTuneOptions(budget=4))
+    assert selected == shares and [s.budget for s in shares] == [2, 2, 0]
+    assert shares[2].skip_reason == ("no budget left (--budget 4, at least 2 per problem; "
+                                     "--budget 6 reaches all 3 problems of --coverage 0.9)")
+
+
+def test_iree_applies_a_spec_to_a_grouped_convolution(tmp_path: Path) -> None:
+    """Measured for the search (which still refuses grouped convolutions): IREE 3.13 llvm-cpu
+    takes a spec's tiles for a unit-batch NGCHW grouped conv (DoubleTilingExpert, loops
+    [batch, group, out channel, oh, ow, in channel, kh, kw]) and the model compiles with it."""
+    from dispatchtune.errors import UnsupportedProblem
+    from dispatchtune.ir.spec import applied_configs, config_applied
+    from dispatchtune.measure.builder import write_spec_file
+    from dispatchtune.search import enumerate_candidates
+
+    model = FIXTURES / "cpu_grouped_conv_ngchw_f32.mlir"
+    problem = load_problems(model, HOST)[0]
+    with pytest.raises(UnsupportedProblem, match="not grouped ones"):
+        enumerate_candidates(problem, HOST, limit=1)
+    default = applied_configs(model, HOST, None)[0]
+    assert "DoubleTilingExpert" in default
+    tiles = ("distribution = [0, 1, 32, 2, 14, 0, 0, 0], "
+             "vector_common_parallel = [0, 1, 4, 1, 4, 0, 0, 0], "
+             "vector_reduction = [0, 0, 0, 0, 0, 1, 1, 16]>,")
+    requested = default.split("distribution")[0] + tiles + default.split(">,", 1)[1]
+    assert requested != default and requested.count("translation_info") == 1
+    spec = write_spec_file([(problem, requested)], tmp_path / "spec.mlir")
+    assert any(config_applied(requested, a) for a in applied_configs(model, HOST, spec))
+    assert compile_module(model, HOST, spec, tmp_path / "model.vmfb", 300.0).ok

@@ -32,6 +32,7 @@ from dispatchtune.tuner.model import (
     select_dispatches,
     tune_model,
 )
+from dispatchtune.tuner.model.decide import judge, rounds_to_reach, sign_test_p
 
 MODEL = Path(__file__).resolve().parents[1] / "examples" / "models" / "transformer_block_f32.mlir"
 HOST = get_target("host")
@@ -40,7 +41,8 @@ HOST = get_target("host")
 def small(**overrides: Any) -> ModelTuneOptions:
     """A whole run in a few minutes: 2 problems, 2 benchmarks each, short model rounds."""
     settings: dict[str, Any] = {
-        "budget": 4, "max_dispatches": 2, "top": 2, "model_rounds": 2, "final_rounds": 3,
+        "budget": 4, "max_dispatches": 2, "top": 2, "model_rounds": 2, "model_rounds_max": 5,
+        "final_rounds": 3,
         "repetitions": 3, "min_time_s": 0.02, "progress": False,
         "dispatch": TuneOptions(repetitions=3, min_time_s=0.01, confirm_rounds=1, progress=False),
     }
@@ -169,9 +171,12 @@ def test_model_step_builds_checks_and_measures_candidates(tmp_path: Path) -> Non
     assert by_id[8]["status"] == "build_failed" and "large vector sizes" in by_id[8]["error"]
     measured = by_id[7]
     assert measured["status"] == "measured" and measured["verify_status"] == "ok"
-    assert len(measured["ratios"]) == 2 and measured["model_speedup"] > 0
-    wins = sum(r > 1.0 for r in measured["ratios"])
-    assert (step.kept == 7) == (3 * wins >= 2 * len(measured["ratios"]))
+    # 2 rounds, then more only while the sign test is undecided (never past 5 here).
+    assert 2 <= len(measured["ratios"]) <= 5 and measured["model_speedup"] > 0
+    assert len(measured["ratios"]) == measured["rounds"]
+    verdict = judge(measured["ratios"], 0.0, options.keep_alpha)
+    assert verdict.decision != "undecided" or verdict.rounds == 5
+    assert (step.kept == 7) == (verdict.decision == "keep")
     # The same step again comes from the log: nothing is built or measured twice.
     lines = (tmp_path / "model_log.jsonl").read_text()
     again = tuner.model_step(share, finalists, [])
@@ -286,3 +291,83 @@ def test_one_failing_dispatch_is_reported_and_the_others_are_tuned(tmp_path: Pat
     tuner.tune_dispatches(again)  # resumed: the failure comes from the log, nothing re-run
     assert again[0].skip_reason == shares[0].skip_reason
     assert len([r for r in _log(tmp_path) if r["kind"] == "dispatch_failed"]) == 1
+
+
+def test_keep_rule_needs_a_significant_sign_test_and_a_minimum_effect() -> None:
+    """The keep rule on paired rounds measured here (docs/model_tuning.md)."""
+    assert sign_test_p(5, 5) == 1 / 32 and sign_test_p(0, 5) == 1.0
+    assert rounds_to_reach(0.05) == 5 and rounds_to_reach(0.5) == 1
+    # An A/A pair (the default binary on both sides, a final round of a run that kept nothing):
+    # the old rule (median > 1.01, two thirds won) kept it; the sign test wants more rounds.
+    aa = [1.087, 1.057, 0.993, 1.026, 1.05]
+    assert judge(aa, 1.01, 0.05).decision == "undecided"
+    # Winning every round of 5 with a 5% median gain is kept; the same with a 0.5% gain is not.
+    assert judge([1.055, 1.116, 1.113, 1.048, 1.112], 1.01, 0.05).decision == "keep"
+    assert judge([1.005, 1.004, 1.006, 1.003, 1.007], 1.01, 0.05).decision == "reject"
+    # Losing half of the rounds, or a median at or below 1, ends the step: more rounds won't help.
+    assert judge([1.2, 1.1, 0.9, 0.95], 1.01, 0.05).decision == "reject"
+    assert judge([0.99, 1.0, 1.02, 0.98, 1.03], 1.01, 0.05).decision == "reject"
+    # 12 of 15 rounds won is significant (p 0.018), 11 of 15 (p 0.059) is not.
+    twelve = [1.03] * 12 + [0.99] * 3
+    assert judge(twelve, 1.01, 0.05).decision == "keep"
+    assert judge([1.03] * 11 + [0.99] * 4, 1.01, 0.05).decision == "undecided"
+
+
+# A valid CPU configuration of the block's FFN-up matmul (contraction 128x1024x256).
+FFN_UP_CONFIG = (
+    "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+    "distribution = [64, 64, 0], vector_common_parallel = [16, 16, 0], "
+    "vector_reduction = [0, 0, 1]>, translation_info = #iree_codegen.translation_info<"
+    "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+)
+
+
+def _finished_run(out: Path, problem: Problem, config: str) -> None:
+    """A tune-model output directory as a run leaves it: profile, final rounds, the spec."""
+    from dispatchtune.ir.lowering import scan_input
+    from dispatchtune.measure.builder import write_spec_file
+    from dispatchtune.tuner.model.log import ModelLog
+
+    log = ModelLog(out / "model_log.jsonl")
+    log.append("profile", model=str(MODEL), source=str(MODEL), model_sha256=scan_input(MODEL)[0],
+               target="host", device="local-sync", function="main", timer="cpu",
+               compile_flags=list(HOST.compile_flags), dispatches=[])
+    log.append("final", kept=[[problem.key, 7]], timer="cpu", rounds=3,
+               default_times_ms=[[3.0, 3.1], [3.3], [2.9]], tuned_times_ms=[[2.5], [3.0], [3.0]])
+    write_spec_file([(problem, config)], out / "tuning_spec.mlir")
+
+
+def test_reproduce_model_measures_the_spec_separately(tmp_path: Path) -> None:
+    """benchmarks/reproduce_model.py: the run's flags, with and without its spec, paired runs."""
+    from dispatchtune.benchmarks.reproduce_model import reproduce
+
+    problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))
+    out = tmp_path / "run"
+    _finished_run(out, problem, FFN_UP_CONFIG)
+    result = reproduce(MODEL, out, 2, repetitions=2, min_time_s=0.01, work=tmp_path)
+    assert not result.identical_binaries  # the spec changed the FFN-up matmul
+    assert len(result.default_ms) == len(result.tuned_ms) == len(result.ratios) == 2
+    assert min(result.default_ms + result.tuned_ms) > 0 and 0 <= result.tuned_faster <= 2
+    assert result.ratios == pytest.approx([d / t for d, t in zip(result.default_ms,
+                                                                  result.tuned_ms, strict=True)])
+    # Beside it, what the run reported: rounds 3.0/2.5, 3.3/3.0, 2.9/3.0.
+    assert result.reported == pytest.approx(1.1) and result.reported_low == pytest.approx(2.9 / 3)
+    assert "tuned faster in" in result.text and "tune-model reported: 1.100x" in result.text
+    assert list(tmp_path.glob("reproduce-*")) == []  # builds are temporary
+
+
+def test_reproduce_model_refuses_another_models_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatchtune.benchmarks.reproduce_model import main
+
+    problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))
+    out = tmp_path / "run"
+    out.mkdir()
+    assert main([str(MODEL), str(out)]) == 2
+    assert "holds no finished tune-model run" in capsys.readouterr().err
+    _finished_run(out, problem, FFN_UP_CONFIG)
+    other = Path(__file__).resolve().parent / "fixtures" / "mlp_two_matmuls.mlir"
+    assert main([str(other), str(out), "--pairs", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "run of another model" in err

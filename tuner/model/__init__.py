@@ -1,9 +1,10 @@
 """Whole-model tuning (`dispatchtune tune-model`): see `flow` for the steps.
 
 Modules, one role each: `options` (the knobs), `entry` (the function benchmarked and its inputs),
-`profile` (where the model's time goes, budget shares), `log` (`model_log.jsonl`), `steps` (the
-measured steps), `flow` (`tune_model`), `report` (result, summary, plot). Building, running and
-comparing builds is the measure layer's (`dispatchtune.measure`).
+`profile` (where the model's time goes, budget shares), `log` (`model_log.jsonl`), `decide` (the
+keep rule over paired rounds), `steps` (the measured steps), `flow` (`tune_model`), `report`
+(result, summary, plot). Building, running and comparing builds is the measure layer's
+(`dispatchtune.measure`).
 """
 
 from dispatchtune.tuner.model.entry import EntryFunction, find_entry, model_call

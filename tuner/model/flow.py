@@ -126,6 +126,8 @@ def _select(
                                  options.min_share)
     if not selected and configurable:
         selected = configurable[:1]  # every key is below min_share: tune the slowest anyway
+    # The coverage goal needs every selected problem tuned: say which budget reaches them all.
+    enough = options.min_per_dispatch * len(selected)
     for share, budget in zip(
         selected,
         allocate_budget([s.time_ms for s in selected], options.budget, options.min_per_dispatch),
@@ -134,7 +136,9 @@ def _select(
         share.budget = budget
         if budget == 0:
             share.skip_reason = (f"no budget left (--budget {options.budget}, at least "
-                                 f"{options.min_per_dispatch} per problem)")
+                                 f"{options.min_per_dispatch} per problem; --budget {enough} "
+                                 f"reaches all {len(selected)} problems of --coverage "
+                                 f"{options.coverage:g})")
     for share in configurable:
         if share in selected:
             continue

@@ -25,10 +25,14 @@ class ModelTuneOptions:
     min_per_dispatch: int = 2  # a dispatch gets at least this many benchmarks, or none
     top: int = 3  # candidates per dispatch tried in the whole model
     model_rounds: int = 5  # interleaved rounds per model-level decision
+    # A close decision (`decide.judge` undecided) measures the best candidate `model_rounds` more
+    # rounds at a time, up to this many in all; clear decisions cost `model_rounds` only.
+    model_rounds_max: int = 15
     final_rounds: int = 7  # interleaved rounds of default vs tuned at the end
-    # A candidate is kept when its median paired model speedup beats this and it was faster in at
-    # least two thirds of the rounds (one burst of outside load cannot make it look fast).
+    # A candidate is kept when its median paired model speedup beats this and a one-sided sign
+    # test over the paired rounds says it is faster at `keep_alpha` (`decide.judge`).
     min_model_speedup: float = 1.01
+    keep_alpha: float = 0.05
     repetitions: int = 5
     min_time_s: float = 0.05
     # Model time: `cpu` (process CPU time) or `real` (wall clock); `auto` = cpu on local-sync. A
@@ -58,6 +62,8 @@ class ModelTuneOptions:
             raise DispatchTuneError("--top must be at least 1")
         if self.model_rounds < 1 or self.final_rounds < 1:
             raise DispatchTuneError("--model-rounds and --final-rounds must be at least 1")
+        if not 0.0 < self.keep_alpha < 1.0:
+            raise DispatchTuneError("keep_alpha must be in (0, 1)")
         if self.repetitions < 1:
             raise DispatchTuneError("--repetitions must be at least 1")
         if self.min_per_dispatch < 1:

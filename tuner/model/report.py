@@ -206,7 +206,9 @@ def _summary_lines(
         lines.append(f"- `{step.key}`: {verdict}")
         for t in step.tried:
             detail = (f"model {t['model_speedup']:.3f}x (rounds "
-                      f"{min(t['ratios']):.3f}-{max(t['ratios']):.3f}x)"
+                      f"{min(t['ratios']):.3f}-{max(t['ratios']):.3f}x"
+                      + (f"; faster in {t['wins']}/{t['rounds']}, sign test p={t['p_value']:.3f}"
+                         if "p_value" in t else "") + ")"
                       if "model_speedup" in t else f"{t.get('status')}: {t.get('error', '')}")
             how = "confirmed" if t.get("confirmed") else "screening"
             lines.append(f"  - candidate {t['candidate_id']}: isolated {t['dispatch_speedup']:.3f}x "

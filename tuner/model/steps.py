@@ -43,6 +43,7 @@ from dispatchtune.measure.verify import compare
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.tuner.model.decide import KEEP_RULE, Verdict, judge, rounds_to_reach
 from dispatchtune.tuner.model.entry import find_entry, model_call
 from dispatchtune.tuner.model.log import ModelLog
 from dispatchtune.tuner.model.options import ModelTuneOptions
@@ -368,7 +369,7 @@ class _ModelTuner:
         ids = [f["candidate_id"] for f in finalists]
         base = [list(k) for k in kept]
         done = self.log.find("step", key=share.key, base=base, candidates=ids, timer=self.timer,
-                             rounds=self.options.model_rounds)
+                             rounds=self.options.model_rounds, rule=KEEP_RULE)
         if done is not None:
             return ModelStep(share.key, done["tried"], done["kept"], done.get("note", ""))
         self.say(f"model step {share.key}: building the model with {len(ids)} candidate(s)")
@@ -418,15 +419,13 @@ class _ModelTuner:
                 entry.update(model_speedup=float(np.median(ratios)), ratios=ratios,
                              times_ms=[r[index] for r in times])
             base_times = [r[0] for r in times]
-            best = max(builds, key=lambda b: b[0]["model_speedup"])[0]
-            wins = sum(r > 1.0 for r in best["ratios"])
-            if best["model_speedup"] > self.options.min_model_speedup and 3 * wins >= 2 * len(
-                best["ratios"]
-            ):
+            best, best_vmfb = max(builds, key=lambda b: b[0]["model_speedup"])
+            verdict = self._judge_adaptively(share.key, current, best, best_vmfb, base_times)
+            if verdict.decision == "keep":
                 kept_id = int(best["candidate_id"])
             else:
-                note = (f"best model speedup {best['model_speedup']:.3f}x (faster in {wins}/"
-                        f"{len(best['ratios'])} rounds): not above {self.options.min_model_speedup}")
+                note = (f"best candidate {best['candidate_id']}: {verdict.text}; kept only above "
+                        f"{self.options.min_model_speedup}x with p <= {self.options.keep_alpha}")
         else:
             base_times = []
             counts: dict[str, int] = {}
@@ -436,9 +435,36 @@ class _ModelTuner:
             note = "no candidate could be measured in the model (" + ", ".join(
                 f"{status}: {n}" for status, n in sorted(counts.items())) + ")"
         self.log.append("step", key=share.key, base=base, candidates=ids, timer=self.timer,
-                        rounds=self.options.model_rounds, tried=tried,
+                        rounds=self.options.model_rounds, rule=KEEP_RULE, tried=tried,
                         kept=kept_id, note=note, base_times_ms=base_times)
         return ModelStep(share.key, tried, kept_id, note)
+
+    def _judge_adaptively(
+        self, key: str, current: Path, best: dict[str, Any], best_vmfb: Path,
+        base_times: list[list[float]],
+    ) -> Verdict:
+        """`decide.judge` on the best candidate, adding rounds of it vs `current` while undecided.
+
+        Only a close call pays for more rounds; `best` and `base_times` get the extra rounds.
+        At least `rounds_to_reach(keep_alpha)` rounds in all, so a run with few `--model-rounds`
+        can still keep a candidate that wins every round.
+        """
+        options = self.options
+        limit = max(options.model_rounds, options.model_rounds_max,
+                    rounds_to_reach(options.keep_alpha))
+        verdict = judge(best["ratios"], options.min_model_speedup, options.keep_alpha)
+        while verdict.decision == "undecided" and verdict.rounds < limit:
+            extra = min(options.model_rounds, limit - verdict.rounds)
+            self.say(f"model step {key}: candidate {best['candidate_id']} undecided "
+                     f"({verdict.text}); {extra} more rounds")
+            times = self.measure([current, best_vmfb], extra, f"model {key} (more rounds)")
+            best["ratios"] += [speedup(min(r[0]), min(r[1])) for r in times]
+            best["times_ms"] += [r[1] for r in times]
+            base_times += [r[0] for r in times]
+            best["model_speedup"] = float(np.median(best["ratios"]))
+            verdict = judge(best["ratios"], options.min_model_speedup, options.keep_alpha)
+        best.update(rounds=verdict.rounds, wins=verdict.wins, p_value=verdict.p_value)
+        return verdict
 
     # -- 5. final measurement ----------------------------------------------------------------------
     def final(self, kept: list[tuple[str, int]]) -> dict[str, Any]:
