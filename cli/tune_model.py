@@ -61,6 +61,14 @@ def register(subparsers: Any) -> None:
                help="candidates per problem tried in the whole model (default %(default)s)")
     add_number(parser, "--model-rounds", kind=int, valid=AT_LEAST_1, default=defaults.model_rounds,
                help="interleaved model benchmark rounds per decision (default %(default)s)")
+    add_number(parser, "--model-rounds-max", kind=int, valid=AT_LEAST_1,
+               default=defaults.model_rounds_max,
+               help="a close decision measures --model-rounds more rounds at a time, up to this many "
+               "(default %(default)s)")
+    add_number(parser, "--keep-alpha", kind=float, valid=Range(0, 1, low_open=True, high_open=True),
+               default=defaults.keep_alpha,
+               help="a configuration is kept only when a sign test over the paired rounds says it "
+               "is faster at this level (default %(default)s)")
     add_number(parser, "--final-rounds", kind=int, valid=AT_LEAST_1, default=defaults.final_rounds,
                help="interleaved rounds of default vs tuned model at the end (default %(default)s)")
     add_number(parser, "--min-model-speedup", kind=float, valid=POSITIVE,
@@ -94,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         min_share=args.min_share,
         top=args.top,
         model_rounds=args.model_rounds,
+        model_rounds_max=args.model_rounds_max,
+        keep_alpha=args.keep_alpha,
         final_rounds=args.final_rounds,
         min_model_speedup=args.min_model_speedup,
         repetitions=args.repetitions,

@@ -211,9 +211,11 @@ def test_tuning_defaults_come_from_the_options_dataclasses() -> None:
         tune.confirm_rounds, tune.min_speedup, tune.compile_timeout_s, tune.stop_margin)
     args = build_parser().parse_args(["tune-model", "m.mlir", "-o", "o"])
     assert (args.budget, args.coverage, args.max_dispatches, args.min_share, args.top,
-            args.model_rounds, args.final_rounds, args.min_model_speedup, args.timer) == (
+            args.model_rounds, args.model_rounds_max, args.keep_alpha, args.final_rounds,
+            args.min_model_speedup, args.timer) == (
         model.budget, model.coverage, model.max_dispatches, model.min_share, model.top,
-        model.model_rounds, model.final_rounds, model.min_model_speedup, model.timer)
+        model.model_rounds, model.model_rounds_max, model.keep_alpha, model.final_rounds,
+        model.min_model_speedup, model.timer)
 
 
 def test_every_help_renders() -> None:
