@@ -2,7 +2,8 @@
 
 The cost model's scores are the prior, one opinion in a portfolio of priors weighed by how well
 each ranks the run's own measurements. Until a few candidates are measured, candidates are asked
-in prior order (every second ask another opinion's top or a random one). From then on a small
+in prior order (every second ask another opinion's top or a random one, a challenge to the given
+prior that a confident prior stops taking once challengers lose). From then on a small
 extra-trees forest is refitted on the run's own measurements (the candidates' features, their raw
 knobs, the knobs' power-of-two structure, the log2 products of every two size knobs and the
 priors as more columns; label: the measured rank, mapped to normal scores), and each ask is one
@@ -60,6 +61,8 @@ class OnlineSettings:
     credit_quantile: float = 0.2  # a step wins when its result is among this best share so far
     pair_sizes: bool = True  # log2 products of every two size knobs as forest columns
     credit_memory: float = 0.95  # discount of a step's older wins and losses per result
+    challenges: bool = True  # a confident given prior keeps the initial asks once challengers lost
+    confident_offset: bool = True  # a confident given prior asks its top three before a challenge
 
 
 #: The steps after the first refit (see `OnlineSearch._next`).
@@ -130,6 +133,13 @@ class OnlineSearch:
         self._wins = np.zeros(len(STEPS))
         self._losses = np.zeros(len(STEPS))
         self._asked_by: dict[int, int] = {}
+        # The initial design as a contest (`_next_initial`): which prior's top asked each row
+        # (0: the given prior's), and the challengers' record (won, lost) against its best.
+        self._initial_by: dict[int, int] = {}
+        self._challenges = np.zeros(2, dtype=np.int64)
+        # A given prior with a single top candidate is confident; one whose top is a tie among
+        # many (a coarse heuristic, a model that cannot tell its best apart) is not.
+        self._confident = bool((self.prior_z == self.prior_z.max()).sum() == 1)
 
     # -- state ------------------------------------------------------------------------------------
     @property
@@ -176,6 +186,7 @@ class OnlineSearch:
         self.times[row] = value
         self._told.append(row)
         self._credit(row, value)
+        self._judge_challenge(row, value)
 
     def skip(self, row: int) -> None:
         """Never ask `row`, without learning anything from it (its binary duplicates another's)."""
@@ -302,19 +313,46 @@ class OnlineSearch:
     def _next_initial(self, free: np.ndarray) -> int:
         """Before the first refit: the given prior's top, and on every `opinion_every`-th ask
         the next other opinion's top or a uniformly random candidate, in turn. The spread is what
-        the priors' trust is first measured on, and gives the forest more than one region."""
+        the priors' trust is first measured on, and gives the forest more than one region.
+
+        A contest (`challenges`): when the given prior is confident (a single top candidate)
+        and the challengers have lost more often than they won against its best measured, the
+        remaining initial asks stay with it. A right prior (a transfer from a similar GPU) then
+        pays for one challenge, not two of its first six asks; a wrong one is beaten by the first
+        challenger and keeps being challenged."""
         turn = self.n_told + len(self.pending)
         every = self.settings.opinion_every
+        won, lost = self._challenges
+        confident = self.settings.challenges and self._confident
+        keep = confident and lost > won
+        # A confident prior's third candidate comes before the first challenge.
+        turn -= int(confident and self.settings.confident_offset)
         # A single prior (no portfolio) keeps its order until the first refit.
-        if not every or turn < 2 or turn % every or len(self._prior_orders) == 1:
+        if not every or turn < 2 or turn % every or len(self._prior_orders) == 1 or keep:
             self.last_step = f"initial:{self.prior_names[0]}"
-            return int(next(row for row in self._prior_order if free[row]))
+            row = int(next(row for row in self._prior_order if free[row]))
+            self._initial_by[row] = 0
+            return row
         pick = 1 + (turn // every - 1) % len(self._prior_orders)
         if pick == len(self._prior_orders):
             self.last_step = "initial:random"
-            return int(self.rng.choice(np.flatnonzero(free)))
-        self.last_step = f"initial:{self.prior_names[pick]}"
-        return int(next(row for row in self._prior_orders[pick] if free[row]))
+            row = int(self.rng.choice(np.flatnonzero(free)))
+        else:
+            self.last_step = f"initial:{self.prior_names[pick]}"
+            row = int(next(row for row in self._prior_orders[pick] if free[row]))
+        self._initial_by[row] = pick
+        return row
+
+    def _judge_challenge(self, row: int, value: float) -> None:
+        """A challenger's initial ask wins when it beats every result of the given prior's own
+        initial asks measured before it (a failure loses)."""
+        pick = self._initial_by.get(row)
+        if not pick:
+            return
+        own = [r for r in self._told[:-1] if self._initial_by.get(r) == 0]
+        if not own:
+            return
+        self._challenges[0 if value < np.min(self.times[own]) else 1] += 1
 
     def _next_evolved(self, free: np.ndarray) -> int | None:
         """A child of the best measured: crossover of two parents (each knob from either) or a

@@ -300,6 +300,30 @@ def test_the_prior_that_predicts_the_run_gains_the_weight() -> None:
     assert np.median(both) <= 4 < np.median(alone), (both, alone)
 
 
+def test_a_confident_right_prior_keeps_the_initial_asks_a_wrong_one_is_challenged() -> None:
+    # Before the first refit a confident given prior (one top candidate) asks its top three,
+    # then another opinion challenges it; a challenger that loses gives the remaining initial
+    # asks back, one that wins keeps its turns.
+    features, times = synthetic_space()
+    right, wrong = -times, times.copy()
+    n = OnlineSettings().min_fit
+    kept = OnlineSearch(features, right, seed=0, priors={"other": wrong})
+    replay(kept, times, n)
+    assert kept.steps[:n] == ["initial:prior"] * 3 + ["initial:other"] + ["initial:prior"] * 2
+    challenged = OnlineSearch(features, wrong, seed=0, priors={"other": right})
+    replay(challenged, times, n)
+    assert challenged.steps[:n].count("initial:prior") == 4, challenged.steps[:n]
+    # A prior whose top is a tie among many is not confident: challenged from the third ask.
+    flat = OnlineSearch(features, np.round(-times / 4), seed=0, priors={"other": wrong})
+    replay(flat, times, n)
+    assert flat.steps[2] == "initial:other", flat.steps[:n]
+    # The plain interleaving remains a setting.
+    plain = OnlineSearch(features, right, seed=0, priors={"other": wrong},
+                         settings=OnlineSettings(challenges=False))
+    replay(plain, times, n)
+    assert plain.steps[2:5] == ["initial:other", "initial:prior", "initial:random"]
+
+
 def test_evolutionary_steps_breed_near_the_best() -> None:
     knobs, times = deceptive_space()
     search = OnlineSearch(pd.DataFrame(index=knobs.index), np.zeros(len(times)), seed=0,
