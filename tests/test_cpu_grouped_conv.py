@@ -106,3 +106,41 @@ def test_grouped_conv_tunes_through_the_cli(tmp_path: Path) -> None:
     assert len(tried) == 2
     assert all(r["compile_status"] == "ok" and r["verify_status"] == "ok" for r in tried), tried
     assert (out / "tuning_spec.mlir").exists()
+
+
+def test_grouped_conv_space_equals_a_brute_force() -> None:
+    """Every knob combination satisfying the documented constraints, and nothing else."""
+    import itertools
+
+    (problem,) = load_problems(NGCHW, HOST)  # batch 1, NGCHW: C5 on the output width
+    facts = HOST.cpu_facts()
+    width, acc = facts.native_vector_bytes, 4
+    groups, oc, ic = (problem.size(c) for c in ("depth", "output_channel", "input_channel"))
+    oh, ow = problem.sizes("output_image")
+    kw = problem.sizes("filter_loop")[1]
+
+    def divisors(n: int) -> list[int]:
+        return [d for d in range(1, n + 1) if n % d == 0]
+
+    def c5(v: int) -> bool:
+        if (ow * acc) % width == 0:
+            return (v * acc) % width == 0 or v == ow
+        return (v * acc) % width == 0 or v == ow or (
+            v * acc >= min(16, width) and width % (v * acc) == 0)
+
+    want = set()
+    for dg, doh, dow, doc, ric in itertools.product(
+        divisors(groups), divisors(oh), divisors(ow), divisors(oc), divisors(ic)
+    ):
+        if dg * doh * dow * doc * facts.cores > groups * oh * ow * oc:
+            continue
+        for vow, voc, rkw in itertools.product(divisors(dow), divisors(doc), sorted({1, kw})):
+            if c5(vow) and vow * voc * acc <= facts.vector_registers * width:
+                want.add((1, dg, doh, dow, doc, vow, voc, ric, rkw))
+    table = enumerate_candidates(problem, HOST).table
+    # Re-expanded loops [n, g, oc, oh, ow, ic, kh, kw]: knob columns by loop index.
+    dist = [f"knob_distribution_{i}" for i in (0, 1, 3, 4, 2)]
+    vec = [f"knob_vector_common_parallel_{i}" for i in (4, 2)]
+    red = [f"knob_vector_reduction_{i}" for i in (5, 7)]
+    got = {tuple(int(v) for v in row) for row in table[dist + vec + red].to_numpy()}
+    assert got == want and len(table) == len(want)
