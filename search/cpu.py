@@ -40,11 +40,15 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   innermost M loop and N, a K2 reduction tile; C4 holds for both Q x K^T and P x V. NCHW convs use
   the conv knobs with C5 on the output width; depthwise convs put the channel knobs on the depth
   loop (docs/search_space.md has the measurements).
+- DoubleTilingExpert also for grouped convolutions (IREE 3.13's own choice): distribution on every
+  parallel loop, vectors on output width and output channels, reduction tiles on the input
+  channels and the filter width; no C4 (IREE leaves the op scalar, so its vector limit never
+  applies).
 
 Unit-batch convolutions reach the spec matcher batch-less; llvm-cpu codegen re-expands them with a
 unit batch loop (`configured_problem`), so their lists have one entry more than the problem's
-loops and the spec configures the re-expanded op (`ir.spec`). Grouped convolutions and pooling
-raise `UnsupportedProblem` before anything compiles.
+loops and the spec configures the re-expanded op (`ir.spec`); grouped ones too. Pooling raises
+`UnsupportedProblem` before anything compiles.
 """
 
 from __future__ import annotations
@@ -109,6 +113,10 @@ def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
     if problem.kind == "contraction":
         pipeline = "DoubleTilingExpert"
         loop_of, variables = _contraction(z3, problem, add, acc, width, registers, cores, max_vector)
+    elif problem.kind == "convolution" and _grouped(problem):
+        # IREE 3.13 lowers grouped convolutions with DoubleTilingExpert, not the conv pipeline.
+        pipeline = "DoubleTilingExpert"
+        loop_of, variables = _grouped_convolution(z3, configured, add, acc, width, registers, cores)
     elif problem.kind == "convolution":
         pipeline = "ConvTileAndDecomposeExpert"
         loop_of, variables = _convolution(
@@ -235,7 +243,8 @@ def _convolution(
         )
     if not (regular or depthwise):
         raise UnsupportedProblem(
-            "CPU search supports regular and depthwise 2-D convolutions, not grouped ones"
+            "CPU search supports regular, depthwise and grouped 2-D convolutions; this one has "
+            + ", ".join(f"{len(problem.loops(c))} {c} loops" for c in problem.dims)
         )
     channel_class = "depth" if depthwise else "output_channel"
     nb = problem.size("batch")
@@ -277,6 +286,66 @@ def _convolution(
         loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, "red_kw" if depthwise else 1),
     }
     loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}
+    return loop_of, variables
+
+
+def _grouped(problem: Problem) -> bool:
+    """A grouped convolution: one group (depth) loop and both channel loops."""
+    return all(len(problem.loops(c)) == 1 for c in ("depth", "output_channel", "input_channel"))
+
+
+def _grouped_convolution(
+    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int
+) -> tuple[dict[int, Loop], tuple[str, ...]]:
+    """2-D grouped convolutions (NHWGC/GFHWC, NGCHW/GFCHW) under DoubleTilingExpert.
+
+    Every parallel loop is distributed (batch, group, output image, output channels per group);
+    the output width and the output channels per group take vector tiles (group, batch and output
+    height vectors are 1, as IREE's own configs); the input channels per group are the reduction
+    tile and the filter width reduces 1 or KW at a time (filter height 1). IREE 3.13 leaves the
+    op a scalar `linalg.generic` after vectorisation (its maps are not projected permutations),
+    so IREE's vector-size limit (C4) never fires: 14x32x32 f32 vectors (57,344 bytes) compile.
+    """
+    shape = [len(problem.loops(c)) for c in ("batch", "output_image", "filter_loop")]
+    if shape != [1, 2, 2]:
+        raise UnsupportedProblem(
+            "CPU search supports 2-D grouped convolutions with one batch loop (not 1-D/3-D)"
+        )
+    nb, groups = problem.size("batch"), problem.size("depth")
+    oh, ow = problem.sizes("output_image")
+    oc, ic = problem.size("output_channel"), problem.size("input_channel")
+    kw = problem.sizes("filter_loop")[1]
+    dnb, dg, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
+        "dist_n dist_g dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
+    )
+    for size, var, name in (
+        (nb, dnb, "N"), (groups, dg, "G"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")
+    ):
+        add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+    add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
+    add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
+    add(_divisible(z3, ic, ric), "C3 reduction tile divides IC per group")
+    add(z3.And(rkw >= 1, rkw <= kw, z3.Or(rkw == 1, rkw == kw)), "conv KW reduction tile is 1 or KW")
+    (out_last,) = _last_output_loop(problem)
+    if out_last in problem.loops("output_channel"):
+        add(_native_width(z3, voc, oc, acc, width), "C5 vec_oc fills native vectors")
+    else:
+        add(_native_width(z3, vow, ow, acc, width), "C5 vec_ow fills native vectors")
+    add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
+    add(
+        dnb * dg * doh * dow * doc * cores <= nb * groups * oh * ow * oc,
+        "C7 at least one workgroup per core",
+    )
+    (lg,), (loc,), (lic,) = (problem.loops(c) for c in ("depth", "output_channel", "input_channel"))
+    loh, low = problem.loops("output_image")
+    lkh, lkw = problem.loops("filter_loop")
+    loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
+    loop_of |= {
+        lg: ("dist_g", 1, 0), loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
+        loc: ("dist_oc", "vec_oc", 0), lic: (0, 0, "red_ic"), lkh: (0, 0, 1), lkw: (0, 0, "red_kw"),
+    }
+    variables = ("dist_n", "dist_g", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic",
+                 "red_kw")
     return loop_of, variables
 
 
@@ -342,7 +411,7 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
 
     columns: dict[str, Any] = {"pipeline": np.full(rows, model.pipeline, dtype=object)}
     b, m, n, _ = problem.gemm_shape
-    if model.pipeline == "DoubleTilingExpert":
+    if problem.kind == "contraction":
         # Several loops of a class: the GEMM-view tile is the product of the per-loop tiles.
         def product(cls: str, position: int) -> np.ndarray:
             result = np.ones(rows, dtype=np.int64)
@@ -356,7 +425,7 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
             tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=product("k", 2),
             vec_m=product("m", 1), vec_n=product("n", 1),
         )
-    elif model.pipeline == "LinalgExtTileAndVectorize":
+    elif problem.kind == "attention":
         # GEMM view of attention is Q x K^T (M = m, N = k2, K = k1): a workgroup owns whole
         # rows of it, the K2 reduction tile is its register tile's width.
         tile_b = np.ones(rows, dtype=np.int64)
@@ -371,7 +440,9 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
             problem.size("n") // value("dist_n")
         )
     else:
-        tile_b = np.ones(rows, dtype=np.int64)
+        # Grouped convolutions: the group loop is the GEMM view's batch (B = groups).
+        grouped = "dist_g" in model.variables
+        tile_b = value("dist_g") if grouped else np.ones(rows, dtype=np.int64)
         tile_m = value("dist_n") * value("dist_oh") * value("dist_ow")
         tile_n = value("dist_oc")
         columns.update(

@@ -184,18 +184,17 @@ def test_a_budget_short_of_the_coverage_says_which_budget_reaches_it() -> None:
 
 
 def test_iree_applies_a_spec_to_a_grouped_convolution(tmp_path: Path) -> None:
-    """Measured for the search (which still refuses grouped convolutions): IREE 3.13 llvm-cpu
-    takes a spec's tiles for a unit-batch NGCHW grouped conv (DoubleTilingExpert, loops
-    [batch, group, out channel, oh, ow, in channel, kh, kw]) and the model compiles with it."""
-    from dispatchtune.errors import UnsupportedProblem
+    """IREE 3.13 llvm-cpu takes a spec's tiles for a unit-batch NGCHW grouped conv
+    (DoubleTilingExpert, loops [batch, group, out channel, oh, ow, in channel, kh, kw]) and the
+    model compiles with it; the search enumerates it under that pipeline."""
     from dispatchtune.ir.spec import applied_configs, config_applied
     from dispatchtune.measure.builder import write_spec_file
     from dispatchtune.search import enumerate_candidates
 
     model = FIXTURES / "cpu_grouped_conv_ngchw_f32.mlir"
     problem = load_problems(model, HOST)[0]
-    with pytest.raises(UnsupportedProblem, match="not grouped ones"):
-        enumerate_candidates(problem, HOST, limit=1)
+    first = enumerate_candidates(problem, HOST, limit=1)
+    assert list(first.table["pipeline"].astype(str)) == ["DoubleTilingExpert"]
     default = applied_configs(model, HOST, None)[0]
     assert "DoubleTilingExpert" in default
     tiles = ("distribution = [0, 1, 32, 2, 14, 0, 0, 0], "
