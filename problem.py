@@ -13,7 +13,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 OpKind = Literal["contraction", "convolution", "attention"]
@@ -262,20 +262,15 @@ class Problem:
             exprs = exprs.strip(" ()")
             maps.append(_map_text(names, [exprs] if i == 1 else ["d0", exprs]))
         shapes = tuple(s if i == 1 else (1, *s) for i, s in enumerate(self.operand_shapes))
-        return Problem(
-            kind=self.kind,
+        return replace(
+            self,
             loop_sizes=(1, *self.loop_sizes),
             dims={
                 "batch": (0,),
                 **{c: tuple(i + 1 for i in v) for c, v in self.dims.items() if c != "batch"},
             },
-            element_types=self.element_types,
             operand_shapes=shapes,
             indexing_maps=tuple(maps),
-            strides=self.strides,
-            dilations=self.dilations,
-            op_name=self.op_name,
-            name=self.name,
         )
 
     def without_unit_batch(self) -> Problem:
@@ -291,20 +286,15 @@ class Problem:
             exprs = [re.sub(r"\bd(\d+)\b", lambda m: f"d{int(m.group(1)) - 1}", e) for e in exprs]
             maps.append(_map_text(names, exprs))
         shapes = tuple(s if i == 1 else s[1:] for i, s in enumerate(self.operand_shapes))
-        return Problem(
-            kind=self.kind,
+        return replace(
+            self,
             loop_sizes=self.loop_sizes[1:],
             dims={
                 "batch": (),
                 **{c: tuple(i - 1 for i in v) for c, v in self.dims.items() if c != "batch"},
             },
-            element_types=self.element_types,
             operand_shapes=shapes,
             indexing_maps=tuple(maps),
-            strides=self.strides,
-            dilations=self.dilations,
-            op_name=self.op_name,
-            name=self.name,
         )
 
     # ---- constructors --------------------------------------------------------------------------
