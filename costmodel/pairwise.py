@@ -27,11 +27,15 @@ from dispatchtune.errors import InputError
 
 #: Features whose log2 (and its square) form the basis: the GPU quantities experts trade off
 #: (threads, accumulators, K tile and trips, workgroups per CU, intensity, occupancy, LDS share,
-#: intrinsic shape, tile shape, padding, wave quantization).
+#: intrinsic shape, tile shape, padding, wave quantization). The intrinsic has three columns
+#: beside `mma_k` (M, N and operand traffic per MAC): on MFMA they move together, so this gives
+#: the intrinsic choice, the term most often against the held-out outliers, a lighter L2 penalty
+#: than one column would (held out it helps: docs/gpu_order.md, part 6).
 BASIS_FEATURES: tuple[str, ...] = (
     "threads", "acc_registers", "tile_k", "k_trips", "workgroups_per_cu", "wg_intensity",
     "occupancy", "subgroups", "shared_memory_fraction", "mma_m", "mma_k", "tile_mn_ratio",
     "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
+    "mma_n", "mma_area_to_volume",
 )
 #: Label of a positive (expert) row, a weak positive (IREE default) row; other rows are 0.
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5

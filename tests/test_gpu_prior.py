@@ -169,3 +169,15 @@ def test_hard_negatives_refit_keeps_the_positive_on_top_and_loads(tmp_path: Path
     assert np.array_equal(loaded.predict(features), hard.predict(features))
     with pytest.raises(InputError, match="hard_negatives >= 0"):
         PairwiseModel(hard_negatives=-1)
+
+
+def test_basis_weighs_the_intrinsic_in_three_columns_and_the_shipped_model_matches() -> None:
+    # Part 6: the intrinsic's M, N and traffic per MAC are all basis columns (docs/gpu_order.md).
+    from dispatchtune.costmodel.pairwise import basis_names
+
+    names = basis_names()
+    for column in ("log2_mma_m", "log2_mma_n", "log2_mma_area_to_volume", "log2_mma_k"):
+        assert column in names
+    model, _ = model_for_target("gfx942")
+    assert isinstance(model, PairwiseModel) and model.weights is not None
+    assert len(model.weights) == len(names)
