@@ -98,9 +98,11 @@ def _console_lines(result: ModelTuneResult, target: Target) -> list[str]:
                                  else f"default kept ({step.note})")
         )
     lines.append(f"tuned problems cover {result.tuned_share:.1%} of the model's dispatch time")
-    # Problems left out by the selection knobs are in summary.md; the console names the others.
+    # Problems left out by the selection knobs are in summary.md; the console names the others,
+    # and a knob that kept the coverage short of its goal (the reason says "coverage stops at").
     refused = [s for s in result.skipped
-               if not s.skip_reason.startswith(("below --min-share", "outside --coverage"))]
+               if not s.skip_reason.startswith(("below --min-share", "outside --coverage"))
+               or "coverage stops at" in s.skip_reason]
     by_reason: dict[str, list[DispatchShare]] = {}
     for share in refused:
         by_reason.setdefault(share.skip_reason, []).append(share)
