@@ -205,3 +205,31 @@ def test_iree_applies_a_spec_to_a_grouped_convolution(tmp_path: Path) -> None:
     spec = write_spec_file([(problem, requested)], tmp_path / "spec.mlir")
     assert any(config_applied(requested, a) for a in applied_configs(model, HOST, spec))
     assert compile_module(model, HOST, spec, tmp_path / "model.vmfb", 300.0).ok
+
+
+def _shares(values: list[float]) -> list[DispatchShare]:
+    matmul = Problem.matmul(128, 256, 256, "f32")
+    return [DispatchShare(replace(matmul, name=f"main_dispatch_{i}_mm"), [f"main_dispatch_{i}"],
+                          1, 10.0 * v, v, f"main_dispatch_{i}") for i, v in enumerate(values)]
+
+
+def test_a_selection_short_of_the_coverage_names_the_knob_that_stopped_it() -> None:
+    """Coverage is the goal; --max-dispatches and --min-share only cap it, and say so when they do."""
+    met = _shares([0.6, 0.32, 0.05])
+    _select(met, HOST, ModelTuneOptions())
+    assert met[2].skip_reason == "outside --coverage 0.9 (the 2 slower problems cover 92.0%)"
+
+    capped = _shares([0.24, 0.24, 0.24, 0.24])
+    assert len(_select(capped, HOST, ModelTuneOptions(max_dispatches=2))) == 2
+    assert capped[3].skip_reason == ("beyond --max-dispatches 2 (coverage stops at 48.0%; "
+                                     "--max-dispatches 4 reach 0.9)")
+
+    flat = _shares([0.6, 0.25, 0.016, 0.016, 0.016, 0.016, 0.016])
+    assert len(_select(flat, HOST, ModelTuneOptions(budget=8))) == 2
+    assert flat[2].skip_reason == ("below --min-share 0.02 (coverage stops at 85.0%; "
+                                   "--min-share 0.016 --budget 12 reach 0.9)")
+
+    unreachable = _shares([0.5, 0.3])
+    _select(unreachable, HOST, ModelTuneOptions(max_dispatches=1))
+    assert unreachable[1].skip_reason == ("beyond --max-dispatches 1 (coverage stops at 50.0%; "
+                                          "the configurable problems cover only 80.0%)")

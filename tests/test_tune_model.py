@@ -129,6 +129,8 @@ def test_spec_summary_and_outputs(run: tuple[Path, ModelTuneResult], tmp_path: P
     assert result.speedup_low <= result.speedup <= result.speedup_high
     summary = (out / "summary.md").read_text()
     assert "compiler default" in summary and "Speedup" in summary
+    wins = sum(d > t for d, t in zip(result.default_ms, result.tuned_ms, strict=True))
+    assert result.tuned_faster == wins and f"tuned faster in {wins} of 3 rounds" in summary
     assert "--iree-codegen-tuning-spec-path=" in summary
     for share in result.shares[:2]:
         assert f"`{share.key}`" in summary and f"{share.share:.1%}" in summary

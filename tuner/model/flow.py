@@ -35,6 +35,7 @@ measured twice.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -139,15 +140,42 @@ def _select(
                                  f"{options.min_per_dispatch} per problem; --budget {enough} "
                                  f"reaches all {len(selected)} problems of --coverage "
                                  f"{options.coverage:g})")
+    covered = sum(s.share for s in selected)
+    # Coverage is the goal and the other knobs cap its cost: when a cap stops it short, the
+    # reason names that cap and the value that would reach the goal, not just "not selected".
+    short = "" if covered >= options.coverage else (
+        f" (coverage stops at {covered:.1%}; {_reaching(configurable, options)})")
     for share in configurable:
         if share in selected:
             continue
         if share.share < options.min_share:
-            share.skip_reason = f"below --min-share {options.min_share:g}"
+            share.skip_reason = f"below --min-share {options.min_share:g}{short}"
+        elif covered >= options.coverage:
+            share.skip_reason = (f"outside --coverage {options.coverage:g} (the "
+                                 f"{len(selected)} slower problems cover {covered:.1%})")
         else:
-            share.skip_reason = (f"outside --coverage {options.coverage:g} / "
-                                 f"--max-dispatches {options.max_dispatches}")
+            share.skip_reason = f"beyond --max-dispatches {options.max_dispatches}{short}"
     return selected
+
+
+def _reaching(configurable: list[DispatchShare], options: ModelTuneOptions) -> str:
+    """The --max-dispatches and --min-share with which the selection reaches --coverage."""
+    covered, count = 0.0, 0
+    for share in configurable:  # slowest first, as select_dispatches takes them
+        if covered >= options.coverage:
+            break
+        covered += share.share
+        count += 1
+    if covered < options.coverage:
+        return f"the configurable problems cover only {covered:.1%}"
+    smallest = configurable[count - 1].share
+    knobs = [f"--max-dispatches {count}"] if count > options.max_dispatches else []
+    if smallest < options.min_share:
+        knobs.append(f"--min-share {math.floor(smallest * 1000) / 1000:g}")
+    budget = options.min_per_dispatch * count
+    if budget > options.budget:
+        knobs.append(f"--budget {budget}")
+    return " ".join(knobs) + f" reach {options.coverage:g}"
 
 
 def _decide(
