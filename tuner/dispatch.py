@@ -357,7 +357,14 @@ class DispatchTuner:
         if frame is None or frame.empty:
             return
         finalists = usable_candidates(frame).head(top_n)
+        # Confirmation separates real gains from noise near the threshold; a candidate that
+        # screened slower than the default by more than the threshold's own margin (0.98x for
+        # 1.02) cannot be kept, and re-measuring it only costs time.
+        if self.options.min_speedup > 1.0:
+            finalists = finalists[finalists["speedup"] >= 1.0 / self.options.min_speedup]
         if finalists.empty:
+            progress.write(f"{self.problem.key[:40]}: no candidate screened near the default: "
+                           "nothing to confirm")
             return
         knobs = {
             r.candidate_id: r.knobs
