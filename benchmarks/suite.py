@@ -50,26 +50,36 @@ def harness_rows(
     spaces: Sequence[Path], order: str, seeds: Sequence[int], max_benchmarks: int, out_dir: Path,
     fresh: bool = False,
 ) -> pd.DataFrame:
-    """One harness order on every space, checkpointed space by space in harness_<order>.csv."""
+    """One harness order on every space, checkpointed space by space in harness_<order>.csv.
+
+    The checkpoint is keyed on the benchmark cap; seeds it lacks are replayed and appended, so
+    asking for more seeds (TPE: 5 -> 20) reuses the runs already made.
+    """
     from dispatchtune.benchmarks.kerneltuner_peers import typed_rows
     from dispatchtune.evaluation import harness
 
-    settings = {"seeds": list(seeds), "max_benchmarks": max_benchmarks}
     checkpoint, meta = out_dir / f"harness_{order}.csv", out_dir / f"harness_{order}.json"
     done = pd.DataFrame(columns=list(harness.COLUMNS))
-    if not fresh and checkpoint.is_file() and meta.is_file() and json.loads(meta.read_text()) == settings:
+    stored = json.loads(meta.read_text()) if meta.is_file() else {}
+    if not fresh and checkpoint.is_file() and stored.get("max_benchmarks") == max_benchmarks:
         done = typed_rows(pd.read_csv(checkpoint))
     else:
-        meta.write_text(json.dumps(settings))
         done.to_csv(checkpoint, index=False)
+    seen = {int(s) for s in done["seed"] if s >= 0}
+    meta.write_text(json.dumps({"seeds": sorted(seen | set(seeds)), "max_benchmarks": max_benchmarks}))
     parts = [done]
     # Leave-one-space-out training needs every space loaded, also when one is replayed.
     loaded = harness.load_replay_spaces(list(spaces))
     for space in loaded:
-        if space.problem in set(done["problem"]):
+        mine = done[done["problem"] == space.problem]
+        # A marker row (seed -1) says the order does not apply to this space.
+        if (mine["seed"] < 0).any():
+            continue
+        missing = [s for s in seeds if s not in set(mine["seed"].astype(int))]
+        if not missing:
             continue
         # Only the count to the threshold is scored: online runs end at their first hit.
-        rows = harness.replay_spaces(loaded, [order], list(seeds), max_benchmarks=max_benchmarks,
+        rows = harness.replay_spaces(loaded, [order], missing, max_benchmarks=max_benchmarks,
                                      progress=False, only=[space.problem], stop_at_hit=True)
         if rows.empty:  # the order does not apply here: remember that with a marker row
             rows = pd.DataFrame([{**dict.fromkeys(harness.COLUMNS, 0), "problem": space.problem,
@@ -79,7 +89,7 @@ def harness_rows(
         parts.append(rows)
         print(f"  {order}: {space.problem} done", file=sys.stderr, flush=True)
     rows = typed_rows(pd.concat(parts, ignore_index=True))
-    return rows[rows["seed"] >= 0].reset_index(drop=True)
+    return rows[rows["seed"].isin(list(seeds))].reset_index(drop=True)
 
 
 def space_table(rows: pd.DataFrame) -> pd.DataFrame:

@@ -48,3 +48,15 @@ def test_harness_orders_are_checkpointed_space_by_space(tmp_path: Path) -> None:
     assert len(pd.read_csv(tmp_path / "harness_gbm.csv")) == 2
     fresh = harness_rows(SPACES, "knobs", [0], 30, tmp_path, fresh=True)
     assert len(fresh) == 2
+
+
+def test_more_seeds_extend_the_checkpoint_and_another_cap_starts_afresh(tmp_path: Path) -> None:
+    first = harness_rows(SPACES, "knobs", [0, 1], 30, tmp_path)
+    more = harness_rows(SPACES, "knobs", [0, 1, 2], 30, tmp_path)  # only seed 2 is replayed
+    assert len(more) == 6 and len(pd.read_csv(tmp_path / "harness_knobs.csv")) == 6
+    kept = more[more["seed"] < 2].reset_index(drop=True)
+    pd.testing.assert_frame_equal(kept, first)
+    # Fewer seeds read back a subset; another benchmark cap is another experiment.
+    assert len(harness_rows(SPACES, "knobs", [1], 30, tmp_path)) == 2
+    harness_rows(SPACES, "knobs", [0], 20, tmp_path)
+    assert len(pd.read_csv(tmp_path / "harness_knobs.csv")) == 2
