@@ -599,24 +599,7 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
         raise InputError(f"{entry.matcher}: no usable expert configuration ({entry.skipped})")
     problem, config = entry.problem, entry.config
     classes = _classes(problem)
-    if problem.kind == "attention":
-        # The K2 block is a reduction tile; workgroups are counted over batch, M and value N.
-        distributed = (*problem.loops("batch"), *problem.loops("m"), *problem.loops("n"))
-        return {
-            "pipeline": config.pipeline,
-            "intrinsic": config.intrinsic,
-            "tile_b": _tile(config.workgroup, classes["b"], problem),
-            "tile_m": _tile(config.workgroup, classes["m"], problem),
-            "tile_n": _tile(config.reduction, classes["n"], problem),
-            "tile_k": math.prod(problem.loop_sizes[i] for i in classes["k"]),
-            "subgroups_m": config.subgroup_counts[0],
-            "subgroups_n": config.subgroup_counts[1],
-            "workgroup_threads": math.prod(config.workgroup_size),
-            "workgroups": math.prod(
-                -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
-                for i in distributed),
-        }
-    return {
+    columns: dict[str, int | str] = {
         "pipeline": config.pipeline,
         "intrinsic": config.intrinsic,
         "tile_b": _tile(config.workgroup, classes["b"], problem),
@@ -627,6 +610,15 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
         "subgroups_n": config.subgroup_counts[1],
         "workgroup_threads": math.prod(config.workgroup_size),
     }
+    if problem.kind == "attention":
+        # The K2 block is a reduction tile; workgroups are counted over batch, M and value N.
+        distributed = (*problem.loops("batch"), *problem.loops("m"), *problem.loops("n"))
+        columns["tile_n"] = _tile(config.reduction, classes["n"], problem)
+        columns["tile_k"] = math.prod(problem.loop_sizes[i] for i in classes["k"])
+        columns["workgroups"] = math.prod(
+            -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
+            for i in distributed)
+    return columns
 
 
 def configuration_columns(text: str, problem: Problem) -> dict[str, int | str]:
