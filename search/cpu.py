@@ -31,7 +31,10 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
 - C6 the accumulator tile fits the register file: vec_m * vec_n * A <= R * W; larger tiles
   spill every reduction step.
 - C7 enough workgroups for every core: B/tile_b * M/tile_m * N/tile_n >= cores (one workgroup
-  leaves the other cores idle; measured 2.6 vs 1.5 ms on 2 cores).
+  leaves the other cores idle; measured 2.6 vs 1.5 ms on 2 cores). A problem too small to give
+  every core a workgroup under C1-C6 (a classifier's 1x10 output) asks for as many as it can
+  have: the count is halved until the space is not empty (IREE's own default for such a problem
+  is one workgroup).
 - Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
@@ -53,6 +56,7 @@ loops and the spec configures the re-expanded op (`ir.spec`); grouped ones too. 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +69,8 @@ from dispatchtune.problem import Problem, element_bytes
 from dispatchtune.search.engine import ConstraintSystem
 from dispatchtune.search.space import CPU_PIPELINES, CandidateSet, finish_table
 from dispatchtune.targets import CpuFacts, Target
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,12 +103,16 @@ def _native_width(z3: Any, vec: Any, size: int, acc: int, width: int) -> Any:
     )
 
 
-def cpu_model(problem: Problem, facts: CpuFacts) -> CpuModel:
-    """Build the Z3 model (see the module docstring for the constraints and their reasons)."""
+def cpu_model(problem: Problem, facts: CpuFacts, workgroups: int | None = None) -> CpuModel:
+    """Build the Z3 model (see the module docstring for the constraints and their reasons).
+
+    `workgroups` is C7's minimum (default: one per core).
+    """
     import z3
 
     acc = max(int(element_bytes(problem.output_type)), 1)
-    width, registers, cores = facts.native_vector_bytes, facts.vector_registers, facts.cores
+    width, registers = facts.native_vector_bytes, facts.vector_registers
+    cores = facts.cores if workgroups is None else workgroups
     max_vector = facts.max_vector_bytes
     asserts: list[tuple[Any, str]] = []
 
@@ -489,14 +499,13 @@ def enumerate_cpu(
     problem: Problem, target: Target, pipeline: str | None = None, limit: int | None = None
 ) -> CandidateSet:
     """Every configuration of the CPU model, in the engine's deterministic order."""
-    model = cpu_model(problem, target.cpu_facts())
+    model, chunks = _solve_most_workgroups(problem, target.cpu_facts(), limit)
     if pipeline is not None and pipeline != model.pipeline:
         if pipeline not in CPU_PIPELINES:
             raise DispatchTuneError(
                 f"unknown CPU pipeline {pipeline!r}; choose one of {', '.join(CPU_PIPELINES)}"
             )
         raise DispatchTuneError(f"{problem.kind} problems use {model.pipeline} on llvm-cpu")
-    chunks = _solve(model, limit)
     cols = {
         v: np.concatenate([c[v] for c in chunks]) if chunks else np.zeros(0, np.int64)
         for v in model.variables
@@ -506,6 +515,22 @@ def enumerate_cpu(
     table = cpu_columns(problem, model, cols)
     materializer = CpuMaterializer(model.pipeline, len(model.loops))
     return CandidateSet(problem, target, table, {model.pipeline: materializer})
+
+
+def _solve_most_workgroups(
+    problem: Problem, facts: CpuFacts, limit: int | None
+) -> tuple[CpuModel, Sequence[dict[str, np.ndarray]]]:
+    """Solve with C7 asking for a workgroup per core, halving the count while the space is empty."""
+    workgroups = facts.cores
+    while True:
+        model = cpu_model(problem, facts, workgroups)
+        chunks = _solve(model, limit)
+        if workgroups <= 1 or any(len(c[model.variables[0]]) for c in chunks):
+            if workgroups < facts.cores:
+                logger.info("%s: at most %d workgroup(s) under C1-C6; C7 asks for %d, not %d",
+                         problem.key, workgroups, workgroups, facts.cores)
+            return model, chunks
+        workgroups = max(1, workgroups // 2)
 
 
 def _solve(model: CpuModel, limit: int | None) -> Sequence[dict[str, np.ndarray]]:

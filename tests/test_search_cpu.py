@@ -6,12 +6,14 @@ import itertools
 import math
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 import z3
 
 from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
 from dispatchtune.problem import Problem
+from dispatchtune.search import cpu as cpu_search
 from dispatchtune.search import enumerate_candidates
 from dispatchtune.search.cpu import cpu_model
 from dispatchtune.targets import Target, get_target
@@ -233,3 +235,24 @@ def test_unsupported_cpu_inputs_are_one_line_errors() -> None:
         enumerate_candidates(Problem.matmul(64, 64, 64), HOST, pipeline="TileAndFuse")
     with pytest.raises(DispatchTuneError, match="GPU targets only"):
         enumerate_candidates(Problem.matmul(64, 64, 64), HOST, extra_knobs={"x": (1,)})
+
+
+@pytest.mark.parametrize("cores", [2, 8])
+def test_a_problem_too_small_for_every_core_asks_for_the_workgroups_it_can_have(cores: int) -> None:
+    """A classifier's 1x10 output cannot give 2+ cores a workgroup under C1-C6: C7 relaxes to as
+    many as the problem allows (one here) instead of leaving the space empty; IREE's default
+    (one workgroup, the whole N as vector) is in it, and the config compiles."""
+    problem = Problem.matmul(1, 10, 57600, "f32")
+    facts = replace(AVX512.cpu_facts(), cores=cores)
+    strict_chunks = cpu_search._solve(cpu_model(problem, facts), None)
+    assert sum(len(c["dist_n"]) for c in strict_chunks) == 0  # the strict C7 leaves nothing
+    model, chunks = cpu_search._solve_most_workgroups(problem, facts, None)
+    rows = pd.DataFrame({v: np.concatenate([c[v] for c in chunks]) for v in model.variables})
+    assert len(rows) > 0
+    assert ((rows["dist_n"] == 10) & (rows["vec_n"] == 10) & (rows["red_k"] == 16)).any()
+    # A problem with room for every core keeps the strict C7.
+    big, _ = cpu_search._solve_most_workgroups(Problem.matmul(512, 512, 512, "f32"), facts, 10)
+    strict = cpu_model(Problem.matmul(512, 512, 512, "f32"), facts)
+    assert [str(a) for a in big.assertions] == [str(a) for a in strict.assertions]
+    table = enumerate_candidates(problem, AVX512).table
+    assert len(table) > 0 and (table["workgroups"] >= 1).all()
