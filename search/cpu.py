@@ -35,6 +35,11 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   every core a workgroup under C1-C6 (a classifier's 1x10 output) asks for as many as it can
   have: the count is halved until the space is not empty (IREE's own default for such a problem
   is one workgroup).
+- Partial tiles, only where the space is otherwise empty: a contraction loop whose size is not a
+  multiple of the native vector (a language model's vocabulary, N = 50257 = 29 x 1733) may have
+  no divisor that C2, C5 and C6 accept. Its distribution tile may then also be a power of two
+  below the size, the last tile partial, as IREE's own default does (distribution 64 on N =
+  50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles).
 - Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
@@ -90,6 +95,11 @@ def _divisible(z3: Any, size: int, var: Any) -> Any:
     return z3.And(var >= 1, var <= size, size % var == 0)
 
 
+def _powers_of_two(size: int) -> list[int]:
+    """Powers of two from 2 up to, not including, `size`."""
+    return [1 << e for e in range(1, max(size - 1, 1).bit_length()) if 1 << e < size]
+
+
 def _native_width(z3: Any, vec: Any, size: int, acc: int, width: int) -> Any:
     """C5: whole native vectors; fractions of one only when the dimension forces them."""
     if (size * acc) % width == 0:
@@ -103,10 +113,13 @@ def _native_width(z3: Any, vec: Any, size: int, acc: int, width: int) -> Any:
     )
 
 
-def cpu_model(problem: Problem, facts: CpuFacts, workgroups: int | None = None) -> CpuModel:
+def cpu_model(
+    problem: Problem, facts: CpuFacts, workgroups: int | None = None, partial_tiles: bool = False
+) -> CpuModel:
     """Build the Z3 model (see the module docstring for the constraints and their reasons).
 
-    `workgroups` is C7's minimum (default: one per core).
+    `workgroups` is C7's minimum (default: one per core); `partial_tiles` admits power-of-two
+    distribution tiles on contraction loops that are not a multiple of the native vector.
     """
     import z3
 
@@ -122,7 +135,9 @@ def cpu_model(problem: Problem, facts: CpuFacts, workgroups: int | None = None) 
     configured = configured_problem(problem)
     if problem.kind == "contraction":
         pipeline = "DoubleTilingExpert"
-        loop_of, variables = _contraction(z3, problem, add, acc, width, registers, cores, max_vector)
+        loop_of, variables = _contraction(
+            z3, problem, add, acc, width, registers, cores, max_vector, partial_tiles
+        )
     elif problem.kind == "convolution" and _grouped(problem):
         # IREE 3.13 lowers grouped convolutions with DoubleTilingExpert, not the conv pipeline.
         pipeline = "DoubleTilingExpert"
@@ -171,7 +186,7 @@ def _product(z3: Any, names: Sequence[str]) -> Any:
 
 def _contraction(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
-    max_vector: int,
+    max_vector: int, partial_tiles: bool = False,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
     """Contractions with any number of batch, M, N and K loops (ResNet's 1x1 convolutions arrive
     with 2-3 M loops, broadcast batch matmuls with several batch loops).
@@ -194,7 +209,15 @@ def _contraction(
         sizes = problem.sizes(cls) or (1,)
         for j, (name, size) in enumerate(zip(dist[cls], sizes, strict=True)):
             suffix = "" if j == len(sizes) - 1 else str(j)
-            add(_divisible(z3, size, Int(name)), f"C1 distribution tile divides {label}{suffix}")
+            tile = Int(name)
+            if partial_tiles and cls != "batch" and (size * acc) % width:
+                # The bounds stand outside the disjunction: the engine reads bounds from
+                # top-level conjuncts only.
+                choice = z3.Or(size % tile == 0, *(tile == p for p in _powers_of_two(size)))
+                add(z3.And(tile >= 1, tile <= size, choice),
+                    f"C1 distribution tile divides {label}{suffix} or is a power of two (partial)")
+            else:
+                add(_divisible(z3, size, tile), f"C1 distribution tile divides {label}{suffix}")
     for cls in ("m", "n"):
         for d, v in zip(dist[cls], vec[cls], strict=True):
             add(z3.And(Int(v) >= 1, Int(d) % Int(v) == 0), f"C2 {v} divides {d}")
@@ -461,7 +484,10 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
             tile_ow=value("dist_ow"), vec_ow=value("vec_ow"),
         )
     if "workgroups" not in columns:
-        columns["workgroups"] = (max(b, 1) // tile_b) * (m // tile_m) * (n // tile_n)
+        # Ceiling division: a partial last tile (see the module docstring) is a workgroup too.
+        columns["workgroups"] = (
+            -(-max(b, 1) // tile_b) * -(-m // tile_m) * -(-n // tile_n)
+        )
     for list_index, list_name in enumerate(_LISTS):
         for loop, entries in enumerate(model.loops):
             columns[f"knob_{list_name}_{loop}"] = value(entries[list_index])
@@ -520,17 +546,27 @@ def enumerate_cpu(
 def _solve_most_workgroups(
     problem: Problem, facts: CpuFacts, limit: int | None
 ) -> tuple[CpuModel, Sequence[dict[str, np.ndarray]]]:
-    """Solve with C7 asking for a workgroup per core, halving the count while the space is empty."""
-    workgroups = facts.cores
-    while True:
-        model = cpu_model(problem, facts, workgroups)
-        chunks = _solve(model, limit)
-        if workgroups <= 1 or any(len(c[model.variables[0]]) for c in chunks):
-            if workgroups < facts.cores:
-                logger.info("%s: at most %d workgroup(s) under C1-C6; C7 asks for %d, not %d",
-                         problem.key, workgroups, workgroups, facts.cores)
-            return model, chunks
-        workgroups = max(1, workgroups // 2)
+    """Solve the sane space; where it is empty, relax as little as makes it not empty.
+
+    First C7 (a workgroup per core, halved down to one), then, for contractions, partial
+    distribution tiles with C7 asking again from one per core.
+    """
+    relaxations = (False, True) if problem.kind == "contraction" else (False,)
+    for partial_tiles in relaxations:
+        workgroups = facts.cores
+        while True:
+            model = cpu_model(problem, facts, workgroups, partial_tiles)
+            chunks = _solve(model, limit)
+            if any(len(c[model.variables[0]]) for c in chunks):
+                if workgroups < facts.cores or partial_tiles:
+                    logger.info("%s: no candidate in the strict CPU space; C7 asks for %d "
+                                "workgroup(s) (%d cores)%s", problem.key, workgroups, facts.cores,
+                                ", partial distribution tiles admitted" if partial_tiles else "")
+                return model, chunks
+            if workgroups <= 1:
+                break
+            workgroups = max(1, workgroups // 2)
+    return model, chunks
 
 
 def _solve(model: CpuModel, limit: int | None) -> Sequence[dict[str, np.ndarray]]:

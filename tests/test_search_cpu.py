@@ -256,3 +256,35 @@ def test_a_problem_too_small_for_every_core_asks_for_the_workgroups_it_can_have(
     assert [str(a) for a in big.assertions] == [str(a) for a in strict.assertions]
     table = enumerate_candidates(problem, AVX512).table
     assert len(table) > 0 and (table["workgroups"] >= 1).all()
+
+
+def test_a_vocabulary_wide_contraction_admits_partial_tiles_only_when_nothing_else_fits() -> None:
+    """N = 50257 (GPT-2's vocabulary, 29 x 1733) has no divisor C2/C5/C6 accept: the strict space
+    is empty. Power-of-two distribution tiles with a partial last tile are admitted there, as
+    IREE's own default does (distribution 64, vector 16), and such a config compiles."""
+    problem = Problem.matmul(32, 50257, 128, "f32")
+    facts = AVX512.cpu_facts()
+    strict = cpu_search._solve(cpu_model(problem, facts, workgroups=1), None)
+    assert sum(len(c["dist_n"]) for c in strict) == 0
+    table = enumerate_candidates(problem, AVX512).table
+    assert len(table) > 0
+    pow2 = (table["tile_n"] & (table["tile_n"] - 1)) == 0
+    assert (pow2 | (50257 % table["tile_n"] == 0)).all()
+    assert ((table["tile_n"] == 64) & (table["vec_n"] == 16)).any()
+    assert (table["workgroups"] == (32 // table["tile_m"]) * -(-50257 // table["tile_n"])).all()
+    # M = 32 fills whole vectors of its own: its tiles still divide it.
+    assert (32 % table["tile_m"] == 0).all()
+    row = table[(table["tile_n"] == 64) & (table["vec_n"] == 16)].iloc[0]
+    ci = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        f"distribution = [{row.tile_m}, 64, 0], vector_common_parallel = [{row.vec_m}, 16, 0], "
+        f"vector_reduction = [0, 0, {row.tile_k}]>, translation_info = "
+        "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+    source = problem.to_mlir().replace(
+        "linalg.generic {", f"linalg.generic {{compilation_info = {ci}, ", 1
+    )
+    args = ["-", *AVX512.compile_flags, "-o", "/dev/null"]
+    assert run_tool("iree-compile", args, input_text=source).returncode == 0
+    # A size that leaves a strict space keeps dividing tiles (512: C1 as before).
+    assert (512 % enumerate_candidates(Problem.matmul(512, 512, 512), AVX512).table["tile_n"] == 0).all()
