@@ -22,7 +22,7 @@ from dispatchtune.measure.runner import (
 from dispatchtune.measure.verify import Call, compare, problem_call
 from dispatchtune.problem import Problem
 from dispatchtune.targets import get_target
-from dispatchtune.tuner.model.log import ModelLog
+from dispatchtune.tuner.model.log import MODEL_SCHEMA, ModelLog
 
 HOST = get_target("host")
 PROBLEM = Problem.matmul(32, 16, 8, "f32")
@@ -144,3 +144,25 @@ def test_the_model_log_resumes_after_a_torn_write(tmp_path: Path) -> None:
     path.write_text('{"schema": "dispatchtune.result/1"}\n')
     with pytest.raises(DispatchTuneError, match="not a tune-model record"):
         ModelLog(path)
+
+
+def test_a_malformed_model_log_record_is_skipped_not_a_traceback(tmp_path: Path) -> None:
+    """model_log.jsonl is read back on resume: a record whose fields have the wrong types (a
+    hand-edited build time, a dispatch row with a string time) is skipped and measured again."""
+    path = tmp_path / "model_log.jsonl"
+    log = ModelLog(path)
+    good = log.append("profile", model="m", times_ms=[1.0], default_build_s=0.9,
+                      dispatches=[{"name": "d0", "time_ms": 0.5, "calls": 1}])
+    log.append("final", default_times_ms=[[1.0]], tuned_times_ms=[[0.9]], verify_status="ok")
+    bad_profile = {**good, "default_build_s": "abc", "dispatches": [{"name": 5, "time_ms": "x"}]}
+    bad_final = {"schema": MODEL_SCHEMA, "kind": "final", "default_times_ms": "1",
+                 "tuned_times_ms": [[True]], "verify_status": "ok"}
+    bad_step = {"schema": MODEL_SCHEMA, "kind": "step", "key": "k", "kept": "7"}
+    with path.open("a") as handle:
+        for record in (bad_profile, bad_final, bad_step, {"schema": MODEL_SCHEMA, "kind": 3}):
+            handle.write(json.dumps(record) + "\n")
+    with pytest.warns(UserWarning, match="malformed") as seen:
+        again = ModelLog(path)
+    assert len(seen) == 4
+    assert [r["kind"] for r in again.records] == ["profile", "final"]
+    assert again.find("profile")["default_build_s"] == 0.9

@@ -84,9 +84,9 @@ def tune_model(
     tuner._check_identity()
     try:
         profile = tuner.profile()
-        problems = load_problems(model, tuner.target) if profile["dispatches"] else []
-        rows = [DispatchRow(d["name"], float(d["time_ms"]), int(d["calls"]))
-                for d in profile["dispatches"]]
+        profiled = profile.get("dispatches") or []
+        problems = load_problems(model, tuner.target) if profiled else []
+        rows = [DispatchRow(d["name"], float(d["time_ms"]), int(d["calls"])) for d in profiled]
         shares, other_ms, total_ms = attribute_time(rows, problems)
         if not shares:
             raise InputError(f"{model}: no profiled dispatch has a tunable root op")

@@ -18,6 +18,58 @@ from dispatchtune.errors import DispatchTuneError
 MODEL_SCHEMA = "dispatchtune.model/1"
 
 
+class Maybe:
+    """A field that may be absent or null; when given, it has the wrapped shape."""
+
+    def __init__(self, shape: Any) -> None:
+        self.shape = shape
+
+
+_NUMBER = (int, float)
+_TIMES = [[_NUMBER]]  # rounds x repetitions, ms
+_TRIED = {
+    "candidate_id": int, "status": str, "dispatch_speedup": _NUMBER,
+    "confirmed": Maybe(bool), "error": Maybe(str), "verify_status": Maybe(str),
+    "max_abs_error": Maybe(_NUMBER), "model_speedup": Maybe(_NUMBER),
+    "ratios": Maybe([_NUMBER]), "times_ms": Maybe(_TIMES), "rounds": Maybe(int),
+    "wins": Maybe(int), "p_value": Maybe(_NUMBER),
+}
+#: What the readers of each kind rely on. `model_log.jsonl` is read back on every resume and may
+#: have been edited or damaged: a record that does not have these shapes is skipped (its step is
+#: measured again) instead of failing deep inside the run with a traceback.
+RECORD_SHAPES: dict[str, dict[str, Any]] = {
+    "profile": {
+        "model": str, "source": Maybe(str), "model_sha256": Maybe(str),
+        "target": Maybe(str), "device": Maybe(str), "function": Maybe(str),
+        "timer": Maybe(str), "default_build_s": Maybe(_NUMBER),
+        "compile_flags": Maybe([str]), "times_ms": [_NUMBER],
+        "dispatches": Maybe([{"name": str, "time_ms": _NUMBER, "calls": int}]),
+    },
+    "dispatch_failed": {"key": str, "budget": int, "reason": str},
+    "step": {"key": str, "kept": Maybe(int), "tried": Maybe([_TRIED]),
+             "note": Maybe(str)},
+    "final": {"default_times_ms": _TIMES, "tuned_times_ms": _TIMES, "verify_status": str,
+              "max_abs_error": Maybe(_NUMBER), "verify_note": Maybe(str)},
+}
+
+
+def conforms(value: Any, shape: Any) -> bool:
+    """Whether `value` (parsed JSON) has `shape`: a type or tuple of types (never bool for
+    numbers), `[item shape]`, `{field: shape}` (other fields free) or `Maybe(shape)`."""
+    if isinstance(shape, Maybe):
+        return value is None or conforms(value, shape.shape)
+    if isinstance(shape, list):
+        return isinstance(value, list) and all(conforms(v, shape[0]) for v in value)
+    if isinstance(shape, dict):
+        return isinstance(value, dict) and all(
+            conforms(value.get(k), v) if isinstance(v, Maybe) else k in value
+            and conforms(value[k], v) for k, v in shape.items()
+        )
+    if isinstance(value, bool) and shape is not bool:
+        return False
+    return isinstance(value, shape)
+
+
 class ModelLog:
     """The profile, model-level steps and final measurement of one tune-model output directory."""
 
@@ -37,6 +89,11 @@ class ModelLog:
                     raise DispatchTuneError(
                         f"{path}:{number}: not a tune-model record (expected {MODEL_SCHEMA})"
                     )
+                shape = RECORD_SHAPES.get(str(record.get("kind")))
+                if shape is None or not conforms(record, shape):
+                    warnings.warn(f"{path}:{number}: malformed {record.get('kind')!r} record "
+                                  "skipped (measured again)", stacklevel=2)
+                    continue
                 self.records.append(record)
         self._writer = JsonlWriter(path)
 
