@@ -40,6 +40,8 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   no divisor that C2, C5 and C6 accept. Its distribution tile may then also be a power of two
   below the size, the last tile partial, as IREE's own default does (distribution 64 on N =
   50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles).
+- 1-D convolutions (NWC/WCF, depthwise NWC/WC) under DoubleTilingExpert, IREE 3.13's own choice:
+  the 2-D conv's knobs and constraints less the output height (C4 measured for them too).
 - Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
@@ -143,7 +145,9 @@ def cpu_model(
         pipeline = "DoubleTilingExpert"
         loop_of, variables = _grouped_convolution(z3, configured, add, acc, width, registers, cores)
     elif problem.kind == "convolution":
-        pipeline = "ConvTileAndDecomposeExpert"
+        # IREE 3.13's own choices: the conv pipeline for 2-D, DoubleTilingExpert for 1-D.
+        one_d = len(problem.loops("output_image")) == 1
+        pipeline = "DoubleTilingExpert" if one_d else "ConvTileAndDecomposeExpert"
         loop_of, variables = _convolution(
             z3, configured, add, acc, width, registers, cores, max_vector
         )
@@ -254,10 +258,13 @@ def _convolution(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
     max_vector: int,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
-    """2-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW) and depthwise ones.
+    """1-D and 2-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW, NWC/WCF) and depthwise ones.
 
     The channel loop is the output channel, or the depth (group) loop of a depthwise conv; C5
-    applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW).
+    applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW). A
+    1-D convolution has the same knobs less the output height (IREE 3.13 lowers it with
+    DoubleTilingExpert; C4 measured as for 2-D: 8192 f32 elements of vec_ow x vec_oc x red_ic
+    fail on AVX-512, 6144 compile).
     """
     shape = {c: len(problem.loops(c)) for c in problem.dims}
     depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
@@ -266,9 +273,10 @@ def _convolution(
     regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and shape.get(
         "input_channel"
     ) == 1
-    if shape.get("batch") != 1 or shape.get("output_image") != 2 or shape.get("filter_loop") != 2:
+    images = shape.get("output_image", 0)
+    if shape.get("batch") != 1 or images not in (1, 2) or shape.get("filter_loop") != images:
         raise UnsupportedProblem(
-            "CPU search supports 2-D convolutions with one batch loop (not pooling or 1-D/3-D)"
+            "CPU search supports 1-D and 2-D convolutions with one batch loop (not pooling or 3-D)"
         )
     if not (shape.get("depth") or shape.get("output_channel") or shape.get("input_channel")):
         raise UnsupportedProblem(
@@ -276,19 +284,23 @@ def _convolution(
         )
     if not (regular or depthwise):
         raise UnsupportedProblem(
-            "CPU search supports regular, depthwise and grouped 2-D convolutions; this one has "
+            "CPU search supports regular, depthwise and grouped convolutions; this one has "
             + ", ".join(f"{len(problem.loops(c))} {c} loops" for c in problem.dims)
         )
     channel_class = "depth" if depthwise else "output_channel"
     nb = problem.size("batch")
-    oh, ow = problem.sizes("output_image")
+    oh, ow = (1, *problem.sizes("output_image"))[-2:]
     oc = problem.size(channel_class)
-    kw = problem.sizes("filter_loop")[1]
+    kw = problem.sizes("filter_loop")[-1]
     ic = problem.size("input_channel")
     dnb, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
         "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
     )
-    for size, var, name in ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")):
+    tiled = ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC"))
+    if images == 1:
+        tiled = tuple(t for t in tiled if t[2] != "OH")
+        doh = 1  # no output-height loop: the products below count it as one
+    for size, var, name in tiled:
         add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
@@ -309,15 +321,19 @@ def _convolution(
     add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
     add(dnb * doh * dow * doc * cores <= nb * oh * ow * oc, "C7 at least one workgroup per core")
     variables: tuple[str, ...] = ("dist_n", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic")
+    variables = tuple(v for v in variables if images == 2 or v != "dist_oh")
     variables += ("red_kw",) if depthwise else ()
-    loh, low = problem.loops("output_image")
+    low = problem.loops("output_image")[-1]
     (loc,) = problem.loops(channel_class)
-    lkh, lkw = problem.loops("filter_loop")
+    lkw = problem.loops("filter_loop")[-1]
     loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
     loop_of |= {
-        loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
-        loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, "red_kw" if depthwise else 1),
+        low: ("dist_ow", "vec_ow", 0), loc: ("dist_oc", "vec_oc", 0),
+        lkw: (0, 0, "red_kw" if depthwise else 1),
     }
+    if images == 2:
+        loop_of |= {problem.loops("output_image")[0]: ("dist_oh", 1, 0),
+                    problem.loops("filter_loop")[0]: (0, 0, 1)}
     loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}
     return loop_of, variables
 
@@ -476,11 +492,12 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
         # Grouped convolutions: the group loop is the GEMM view's batch (B = groups).
         grouped = "dist_g" in model.variables
         tile_b = value("dist_g") if grouped else np.ones(rows, dtype=np.int64)
-        tile_m = value("dist_n") * value("dist_oh") * value("dist_ow")
+        tile_oh = value("dist_oh") if "dist_oh" in model.variables else np.ones(rows, np.int64)
+        tile_m = value("dist_n") * tile_oh * value("dist_ow")
         tile_n = value("dist_oc")
         columns.update(
             tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_ic"),
-            vec_m=value("vec_ow"), vec_n=value("vec_oc"), tile_oh=value("dist_oh"),
+            vec_m=value("vec_ow"), vec_n=value("vec_oc"), tile_oh=tile_oh,
             tile_ow=value("dist_ow"), vec_ow=value("vec_ow"),
         )
     if "workgroups" not in columns:
