@@ -296,7 +296,9 @@ def _convolution(
     dnb, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
         "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
     )
-    tiled = ((nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC"))
+    tiled: tuple[tuple[int, Any, str], ...] = (
+        (nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")
+    )
     if images == 1:
         tiled = tuple(t for t in tiled if t[2] != "OH")
         doh = 1  # no output-height loop: the products below count it as one

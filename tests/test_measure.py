@@ -165,4 +165,5 @@ def test_a_malformed_model_log_record_is_skipped_not_a_traceback(tmp_path: Path)
         again = ModelLog(path)
     assert len(seen) == 4
     assert [r["kind"] for r in again.records] == ["profile", "final"]
-    assert again.find("profile")["default_build_s"] == 0.9
+    profile = again.find("profile")
+    assert profile is not None and profile["default_build_s"] == 0.9
