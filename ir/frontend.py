@@ -29,10 +29,15 @@ if TYPE_CHECKING:
 _ATTENTION_OPS = ("iree_linalg_ext.attention", "iree_linalg_ext.online_attention")
 
 
-def load_problems(path: str | Path, target: Target | str = "host") -> list[Problem]:
+def load_problems(
+    path: str | Path, target: Target | str = "host", *, function_file: bool = False
+) -> list[Problem]:
     """Every tunable root op (contraction, convolution, attention) in `path`, in file order.
 
     `target` is used only to form dispatches from a model/function file (input b).
+    `function_file=True` says the caller has already parsed `path` as such a file (tune-model
+    does, to find its entry function), so it is not read and parsed here a second time: a
+    100 MB export is read into Python once.
     Raises `InputError` with a one-line message for a missing file, malformed MLIR, dynamic
     shapes, or no tunable op.
     """
@@ -47,11 +52,12 @@ def load_problems(path: str | Path, target: Target | str = "host") -> list[Probl
             raise InputError(f"no .mlir files in directory {path}")
         return [p for f in files for p in load_problems(f, target)]
     path = lower_if_torch(path)
-    text = read_input(path)
-
-    with ir.Context():
-        module = _parse(text, path)
-        has_executables = _has_executables(module)
+    has_executables = False
+    if not function_file:
+        text = read_input(path)
+        with ir.Context():
+            has_executables = _has_executables(_parse(text, path))
+        del text
     matched_ir = _ir_seen_by_tuning_specs(path, None if has_executables else target)
     problems: list[Problem] = []
     unsupported: list[str] = []

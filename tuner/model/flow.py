@@ -85,7 +85,8 @@ def tune_model(
     try:
         profile = tuner.profile()
         profiled = profile.get("dispatches") or []
-        problems = load_problems(model, tuner.target) if profiled else []
+        # find_entry parsed the model already: the front end does not read it again.
+        problems = load_problems(model, tuner.target, function_file=True) if profiled else []
         rows = [DispatchRow(d["name"], float(d["time_ms"]), int(d["calls"])) for d in profiled]
         shares, other_ms, total_ms = attribute_time(rows, problems)
         if not shares:

@@ -42,13 +42,13 @@ RECORD_SHAPES: dict[str, dict[str, Any]] = {
         "model": str, "source": Maybe(str), "model_sha256": Maybe(str),
         "target": Maybe(str), "device": Maybe(str), "function": Maybe(str),
         "timer": Maybe(str), "default_build_s": Maybe(_NUMBER),
-        "compile_flags": Maybe([str]), "times_ms": [_NUMBER],
+        "compile_flags": Maybe([str]), "times_ms": Maybe([_NUMBER]),
         "dispatches": Maybe([{"name": str, "time_ms": _NUMBER, "calls": int}]),
     },
     "dispatch_failed": {"key": str, "budget": int, "reason": str},
     "step": {"key": str, "kept": Maybe(int), "tried": Maybe([_TRIED]),
              "note": Maybe(str)},
-    "final": {"default_times_ms": _TIMES, "tuned_times_ms": _TIMES, "verify_status": str,
+    "final": {"default_times_ms": _TIMES, "tuned_times_ms": _TIMES, "verify_status": Maybe(str),
               "max_abs_error": Maybe(_NUMBER), "verify_note": Maybe(str)},
 }
 

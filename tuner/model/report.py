@@ -74,7 +74,7 @@ def write_result(
         plot_path=None, results_path=out / "dispatches" / "results.jsonl",
         default_ms=default.tolist(), tuned_ms=tuned.tolist(),
         speedup=float(np.median(ratios)), speedup_low=float(ratios.min()),
-        speedup_high=float(ratios.max()), verify_status=str(final["verify_status"]),
+        speedup_high=float(ratios.max()), verify_status=str(final.get("verify_status") or ""),
         max_abs_error=final.get("max_abs_error"), shares=shares, other_ms=other_ms,
         steps=steps, kept=dict(kept),
     )
