@@ -35,6 +35,7 @@ from dispatchtune.datasets.timing import speedup
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.ir.lowering import lower_torch_to_function, scan_input
 from dispatchtune.measure.builder import compile_module, sha256_file
+from dispatchtune.measure.devices import split_entry
 from dispatchtune.measure.runner import Artifact, BenchSettings, LocalRunner, Runner
 from dispatchtune.targets import Target, get_target
 from dispatchtune.tuner.model.entry import find_entry, model_call
@@ -123,6 +124,10 @@ def reproduce(
         raise InputError(f"{out_dir} is a tune-model run of another model ({profile['model']})")
     target = _run_target(profile)
     entry = find_entry(lowered, str(profile["function"]))
+    remote, device = split_entry(str(profile["device"]))
+    if remote and runner is None:
+        raise InputError(f"{out_dir} was measured on {profile['device']}: reproduce it on "
+                         "that machine (this tool benchmarks here)")
     runner = runner or LocalRunner()
     settings = BenchSettings(repetitions, min_time_s, 300.0, str(profile["timer"]))
     with tempfile.TemporaryDirectory(dir=work, prefix="reproduce-") as tmp:
@@ -132,7 +137,7 @@ def reproduce(
             result = compile_module(lowered, target, spec_path, vmfb, 1800.0)
             if not result.ok:
                 raise DispatchTuneError(f"the {name} build failed ({result.status}): {result.error}")
-            builds.append(Artifact(vmfb, str(profile["device"])))
+            builds.append(Artifact(vmfb, device))
         identical = sha256_file(builds[0].vmfb) == sha256_file(builds[1].vmfb)
         call = model_call(entry, Path(tmp) / "inputs", seed, inputs)
         load_before = os.getloadavg()[0]

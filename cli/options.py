@@ -298,3 +298,13 @@ def extra_knobs(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     """The extra GPU knobs the command line asks for (None: IREE's space as is)."""
     waves = getattr(args, "waves_per_eu", None)
     return {"waves_per_eu": waves} if waves else None
+
+
+def add_runner(parser: argparse.ArgumentParser, default: str) -> None:
+    """`--runner SPEC`: where the bare device URIs are (tune and tune-model)."""
+    parser.add_argument(
+        "--runner", default=default, metavar="SPEC",
+        help="benchmark the bare device URIs on another machine: ssh://[user@]host[:port] or "
+        "'cmd:PREFIX' (a command that runs its arguments there, e.g. 'cmd:docker exec -i box'); "
+        "it needs only `pip install iree-base-runtime` of our version (docs/remote.md)",
+    )

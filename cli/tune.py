@@ -13,6 +13,7 @@ from dispatchtune.cli.options import (
     absolute_path,
     add_heuristic_filters_flag,
     add_number,
+    add_runner,
     add_target,
     add_tuning_common,
     add_waves_per_eu_flag,
@@ -66,12 +67,7 @@ def register(subparsers: Any) -> None:
         "target's, local-sync for host): an IREE URI (hip://0) or RUNNER/URI on another machine "
         "(ssh://gpu1/hip://0 ssh://gpu2/cuda://0)",
     )
-    parser.add_argument(
-        "--runner", default=defaults.runner, metavar="SPEC",
-        help="benchmark the bare --devices URIs on another machine: ssh://[user@]host[:port] or "
-        "'cmd:PREFIX' (a command that runs its arguments there, e.g. 'cmd:docker exec -i box'); "
-        "it needs only `pip install iree-base-runtime` of our version (docs/remote.md)",
-    )
+    add_runner(parser, defaults.runner)
     add_number(parser, "--baseline-every", kind=int, valid=AT_LEAST_1, default=defaults.baseline_every,
                help="re-measure the compiler default after this many benchmarks per device "
                "(default %(default)s)")

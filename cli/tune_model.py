@@ -13,6 +13,7 @@ from dispatchtune.cli.options import (
     Range,
     absolute_path,
     add_number,
+    add_runner,
     add_target,
     add_tuning_common,
     order_of,
@@ -83,7 +84,9 @@ def register(subparsers: Any) -> None:
                         help="the model's inputs, one array per argument in order (default: "
                         "seeded random ones; integer ids stay below the table they index)")
     parser.add_argument("--device", default=defaults.device,
-                        help="device (default: the target's; local-sync for host)")
+                        help="device (default: the target's; local-sync for host): an IREE URI, "
+                        "on --runner's machine if given, or RUNNER/URI (ssh://gpu1/hip://0)")
+    add_runner(parser, defaults.dispatch.runner)
     parser.set_defaults(handler=run)
 
 
@@ -118,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             order=order_of(args),
             model_path=None if args.cost_model is None else str(args.cost_model),
             devices=(args.device,) if args.device else (),
+            runner=args.runner,
             jobs=args.jobs,
             repetitions=args.repetitions,
             verify=not args.no_verify,

@@ -224,6 +224,33 @@ def test_tune_through_ssh_end_to_end(tmp_path: Path, sshd: LocalSshd) -> None:
     assert "speedup" in done.stdout and (out / "tuning_spec.mlir").exists()
 
 
+def test_tune_model_through_ssh_end_to_end(tmp_path: Path, sshd: LocalSshd) -> None:
+    """`dispatchtune tune-model MODEL --runner ssh://... -o DIR`: the profile, the dispatch loop,
+    the model steps and the final rounds all benchmark over ssh; the log names the remote device,
+    and a rerun here on the same directory is refused (another device)."""
+    model = ROOT / "examples" / "models" / "transformer_block_f32.mlir"
+    out = tmp_path / "model"
+    command = [sys.executable, "-m", "dispatchtune", "tune-model", str(model), "--target", "host",
+               "--budget", "2", "--final-rounds", "3", "--runner", sshd.url, "--no-progress",
+               "-o", str(out)]
+    done = subprocess.run(command, env={**os.environ, **sshd.env}, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    device = sshd.url + "/local-sync"
+    model_log = [json.loads(line) for line in (out / "model_log.jsonl").read_text().splitlines()]
+    kinds = {r["kind"]: r for r in model_log}
+    assert kinds["profile"]["device"] == device and kinds["profile"]["dispatches"]
+    assert len(kinds["final"]["default_times_ms"]) == 3
+    records = list(read_results(out / "dispatches" / "results.jsonl"))
+    assert records and {r.device for r in records} == {device}
+    assert any(r.is_candidate and r.bench_status == "ok" for r in records)
+    assert "speedup" in done.stdout and (out / "tuning_spec.mlir").exists()
+    here = subprocess.run(command[:command.index("--runner")] + ["-o", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert here.returncode != 0 and "another device" in here.stderr, here.stderr[-2000:]
+    assert here.stderr.count("\n") == 1
+
+
 def test_tune_through_cmd_on_two_devices_each_with_its_own_baseline(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -42,7 +42,8 @@ from pathlib import Path
 from dispatchtune.datasets.records import ResultRecord
 from dispatchtune.errors import InputError
 from dispatchtune.measure.builder import write_spec_file
-from dispatchtune.measure.runner import DispatchRow
+from dispatchtune.measure.devices import DeviceSpec, parse_devices, remote_runners
+from dispatchtune.measure.runner import DispatchRow, Runner
 from dispatchtune.targets import Target, get_target
 from dispatchtune.tuner.model.options import ModelTuneOptions
 from dispatchtune.tuner.model.profile import (
@@ -64,21 +65,38 @@ def tune_model(
     output_dir: str | os.PathLike[str],
     options: ModelTuneOptions | None = None,
 ) -> ModelTuneResult:
-    """Tune a whole model; write `output_dir/tuning_spec.mlir` and `summary.md` (resumable)."""
-    from dispatchtune.ir.frontend import load_problems
+    """Tune a whole model; write `output_dir/tuning_spec.mlir` and `summary.md` (resumable).
+
+    `options.device` may be `RUNNER/URI`, or a bare URI on `options.dispatch.runner`'s machine:
+    then every benchmark and run, the dispatch loop's and the model's, happens there.
+    """
     from dispatchtune.ir.lowering import lower_torch_to_function
 
     options = options or ModelTuneOptions()
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
-    target.check_runs_here()
+    (device,) = parse_devices([options.device] if options.device else [],
+                              options.dispatch.runner, target.device_uri)
+    if not device.runner:
+        target.check_runs_here()  # a device elsewhere runs the code on its own CPU
     source = Path(path).absolute()  # absolute: no derived path can read as a tool option
     if not source.is_file():
         raise InputError(f"no such file: {source}")
     model = lower_torch_to_function(source)
     out = Path(output_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
-    tuner = _ModelTuner(model, target, out, options, source=source)
+    # A remote device is connected (runtime version and driver checked) before anything is built.
+    with remote_runners([device]) as runners:
+        return _tune_model(model, source, target, out, options, device, runners.get(device.name))
+
+
+def _tune_model(
+    model: Path, source: Path, target: Target, out: Path, options: ModelTuneOptions,
+    device: DeviceSpec, runner: Runner | None,
+) -> ModelTuneResult:
+    from dispatchtune.ir.frontend import load_problems
+
+    tuner = _ModelTuner(model, target, out, options, runner=runner, source=source, device=device)
     if model != source:
         tuner.say(f"{source.name} is torch dialect: lowered to a tensor function ({model})")
     tuner._check_identity()

@@ -38,6 +38,7 @@ from dispatchtune.measure.builder import (
     sha256_file,
     write_spec_file,
 )
+from dispatchtune.measure.devices import DeviceSpec
 from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, LocalRunner, Runner
 from dispatchtune.measure.verify import compare
 from dispatchtune.problem import Problem
@@ -84,6 +85,7 @@ class _ModelTuner:
     def __init__(
         self, model: Path, target: Target, out: Path, options: ModelTuneOptions,
         runner: Runner | None = None, source: Path | None = None,
+        device: DeviceSpec | None = None,
     ) -> None:
         self.model = model
         self.source = source or model  # the file the user gave (torch dialect is lowered first)
@@ -93,7 +95,10 @@ class _ModelTuner:
         self.work = out / "work"
         self.log = ModelLog(out / "model_log.jsonl")
         self.entry = find_entry(model, options.function)
-        self.device = options.device or target.device_uri
+        device = device or DeviceSpec(options.device or target.device_uri)
+        self.device = device.uri  # what the runner benchmarks on
+        self.device_name = device.name  # what the log calls it (RUNNER/URI when remote)
+        self.device_runner = device.runner
         self.timer = options.timer
         if self.timer == "auto":
             self.timer = "cpu" if self.device.startswith("local-sync") else "real"
@@ -124,7 +129,7 @@ class _ModelTuner:
         if profile is None:
             return
         for name, value in (("model_sha256", self.model_sha), ("target", self.target.name),
-                            ("device", self.device), ("function", self.entry.name)):
+                            ("device", self.device_name), ("function", self.entry.name)):
             if profile.get(name) != value:
                 raise DispatchTuneError(
                     f"{self.out} holds a tune-model run of another {name.split('_')[0]} "
@@ -235,7 +240,8 @@ class _ModelTuner:
         return self.log.append(
             "profile", model=str(self.model), source=str(self.source),
             model_sha256=self.model_sha, target=self.target.name,
-            device=self.device, function=self.entry.name, iree_version=iree_compiler_version(),
+            device=self.device_name, function=self.entry.name,
+            iree_version=iree_compiler_version(),
             timer=self.timer, default_build_s=build_s,
             compile_flags=list(self.target.compile_flags), times_ms=profiled.times_ms,
             dispatches=[{"name": r.name, "time_ms": r.time_ms, "calls": r.calls}
@@ -293,9 +299,11 @@ class _ModelTuner:
                         f"dumped benchmark {source.name} holds {found.key}, not {share.key}"
                     )
                 timeout = self._dispatch_timeout(source)
+                # The dispatch loop benchmarks on the model's device, wherever that is.
                 options = replace(self.options.dispatch, budget=share.budget,
                                   confirm_top=self.options.top, seed=self.options.seed,
-                                  progress=self.options.progress, compile_timeout_s=timeout)
+                                  progress=self.options.progress, compile_timeout_s=timeout,
+                                  devices=(self.device,), runner=self.device_runner)
                 tune(source, self.target, dispatch_dir, options)
             except Exception as exc:  # one dispatch's failure must not discard the others' work
                 reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
