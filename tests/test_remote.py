@@ -245,7 +245,7 @@ def test_tune_model_through_ssh_end_to_end(tmp_path: Path, sshd: LocalSshd) -> N
     assert records and {r.device for r in records} == {device}
     assert any(r.is_candidate and r.bench_status == "ok" for r in records)
     assert "speedup" in done.stdout and (out / "tuning_spec.mlir").exists()
-    here = subprocess.run(command[:command.index("--runner")] + ["-o", str(out)],
+    here = subprocess.run([*command[:command.index("--runner")], "-o", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert here.returncode != 0 and "another device" in here.stderr, here.stderr[-2000:]
     assert here.stderr.count("\n") == 1
