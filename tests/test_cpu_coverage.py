@@ -198,3 +198,25 @@ def test_bad_torch_export_is_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     with pytest.raises(InputError) as info:
         load_problems(bad, HOST)
     assert "\n" not in str(info.value) and "torch" in str(info.value)
+
+
+def test_attention_tunes_through_the_cli(tmp_path: Path) -> None:
+    """`dispatchtune tune` on an attention: the dumped benchmark's op arrives as online_attention
+    carrying the dump's `root_op` marker, which kept every spec from matching ("not applied") until
+    the prepared benchmark dropped it; now every candidate applies, builds and verifies."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    example = Path(__file__).resolve().parent.parent / "examples" / "attention_f16.mlir"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(example), "--target", "host",
+         "--budget", "2", "--no-progress", "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    tried = [r for r in records if r["kind"] == "candidate"]
+    assert len(tried) == 2
+    assert all(r["compile_status"] == "ok" and r["verify_status"] == "ok" for r in tried), tried
