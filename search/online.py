@@ -3,7 +3,8 @@
 The cost model's scores are the prior, one opinion in a portfolio of priors weighed by how well
 each ranks the run's own measurements. Until a few candidates are measured, candidates are asked
 in prior order (every second ask another opinion's top or a random one, a challenge to the given
-prior that a confident prior stops taking once challengers lose). From then on a small
+prior that a confident prior stops taking once challengers lose; a coarse opinion's tied top is
+ordered by the given prior). From then on a small
 extra-trees forest is refitted on the run's own measurements (the candidates' features, their raw
 knobs, the knobs' power-of-two structure, the log2 products of every two size knobs and the
 priors as more columns; label: the measured rank, mapped to normal scores), and each ask is one
@@ -63,6 +64,7 @@ class OnlineSettings:
     credit_memory: float = 0.95  # discount of a step's older wins and losses per result
     challenges: bool = True  # a confident given prior keeps the initial asks once challengers lost
     confident_offset: bool = True  # a confident given prior asks its top three before a challenge
+    tie_by_given: bool = True  # another opinion's tied candidates are ordered by the given prior
 
 
 #: The steps after the first refit (see `OnlineSearch._next`).
@@ -118,6 +120,8 @@ class OnlineSearch:
         n = x.shape[0]
         # Prior order with a seeded tie-break: solver order clusters similar candidates.
         self._prior_orders = [order_by_score(z, self.rng) for z in self.priors_z.T]
+        if self.settings.tie_by_given:
+            self._prior_orders[1:] = [self._order_ties_by_given(z) for z in self.priors_z.T[1:]]
         self._prior_order = self._prior_orders[0]
         self.times = np.full(n, np.nan)  # measured time (inf = failed)
         self.pending: set[int] = set()
@@ -140,6 +144,15 @@ class OnlineSearch:
         # A given prior with a single top candidate is confident; one whose top is a tie among
         # many (a coarse heuristic, a model that cannot tell its best apart) is not.
         self._confident = bool((self.prior_z == self.prior_z.max()).sum() == 1)
+
+    def _order_ties_by_given(self, scores: np.ndarray) -> np.ndarray:
+        """Another opinion's order with its ties broken by the given prior, then by the seed.
+
+        A coarse opinion's top is a block of hundreds of equal scores (the knob heuristic: every
+        candidate with power-of-two sizes); its challenge is then the member of that block the
+        given prior ranks highest, not an arbitrary one: both opinions are used, not just one."""
+        keys = np.vstack([self._tiebreak, -self.prior_z, -scores])  # last key sorts first
+        return np.lexsort(keys)
 
     # -- state ------------------------------------------------------------------------------------
     @property

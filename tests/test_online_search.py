@@ -324,6 +324,31 @@ def test_a_confident_right_prior_keeps_the_initial_asks_a_wrong_one_is_challenge
     assert plain.steps[2:5] == ["initial:other", "initial:prior", "initial:random"]
 
 
+def test_a_coarse_challengers_tie_is_broken_by_the_given_prior() -> None:
+    # The challenger is a coarse opinion: it ties the right half of the space (the best and
+    # hundreds of mediocre candidates). Its challenge is the member of that tie the given prior
+    # ranks highest, not an arbitrary one; without the tie-break it is a draw from the tie.
+    features, times = synthetic_space()
+    given = -times + 0.5 * np.random.default_rng(1).standard_normal(times.size)
+    coarse = (features["tile"] >= 32).to_numpy(dtype=float)
+    tied = np.flatnonzero(coarse == 1)
+    picks: list[int] = []
+    drawn: list[int] = []
+    expected: list[int] = []
+    for seed in range(5):
+        for settings, out in ((OnlineSettings(), picks), (OnlineSettings(tie_by_given=False), drawn)):
+            search = OnlineSearch(features, given, seed=seed, priors={"coarse": coarse},
+                                  settings=settings)
+            order = replay(search, times, 4)
+            turn = search.steps.index("initial:coarse")
+            out.append(int(order[turn]))
+        free = np.setdiff1d(tied, order[:turn])  # the given prior's own asks came first
+        expected.append(int(free[np.argmax(given[free])]))
+    assert picks == expected, (picks, expected)
+    assert len(set(drawn)) > 1 and set(drawn) <= set(tied), drawn
+    assert np.median(times[picks]) < np.median(times[drawn])
+
+
 def test_evolutionary_steps_breed_near_the_best() -> None:
     knobs, times = deceptive_space()
     search = OnlineSearch(pd.DataFrame(index=knobs.index), np.zeros(len(times)), seed=0,
