@@ -14,7 +14,8 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
 
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
-           [--no-heuristic-filters] [--grid] [--save costmodel/models/gfx942.json]
+           [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
+           [--save costmodel/models/gfx942.json]
 """
 
 from __future__ import annotations
@@ -152,10 +153,11 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
-              hard_negatives: int = 0) -> PairwiseModel:
+              hard_negatives: int = 0, listwise: float = 0.0) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
     pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
-    model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives)
+    model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
+                          listwise=listwise)
     return model.fit(features, labels, groups, pipelines)
 
 
@@ -171,6 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hard-negatives", type=int, default=0,
                         help="prior: also pair each expert with the N candidates a first fit "
                         "scores highest (a second fit)")
+    parser.add_argument("--listwise", type=float, default=0.0, metavar="L2",
+                        help="prior: average its weights with a listwise (softmax per dispatch) "
+                        "fit of this L2 strength (0: off)")
     parser.add_argument("--kind-terms", action="store_true",
                         help="--save the prior with per-kind (attention) basis terms")
     args = parser.parse_args(argv)
@@ -193,10 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             fraction["grid"][~train] = grid[chosen, ~train]
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
                              [d[4] for d in training], args.c)
-        hard = args.hard_negatives
-        priors = {"prior": fit_prior(training, True, args.c, hard_negatives=hard),
-                  "prior_nodefault": fit_prior(training, False, args.c, hard_negatives=hard),
-                  "prior_kind": fit_prior(training, False, args.c, True, hard)}
+        hard, lw = args.hard_negatives, args.listwise
+        priors = {"prior": fit_prior(training, True, args.c, hard_negatives=hard, listwise=lw),
+                  "prior_nodefault": fit_prior(training, False, args.c, hard_negatives=hard,
+                                               listwise=lw),
+                  "prior_kind": fit_prior(training, False, args.c, True, hard, lw)}
         for j in np.flatnonzero(~train).tolist():
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
@@ -227,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # IREE's default as a weak positive is kept only if it helps held out.
         weak = float(np.median(fraction["prior"])) <= float(np.median(fraction["prior_nodefault"]))
-        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives)
+        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -240,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "target_kinds": ["gpu"], "target": TARGET, "command": command,
             "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),
                               "hard_negatives": args.hard_negatives,
+                              "listwise_l2": args.listwise,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out": held_out,

@@ -10,7 +10,9 @@ scale of a feature differs a lot between dispatches, its rank within one does no
 is not a feature (the feature schema is shared with the CPU models), so it comes from the
 candidate table: `predict_candidates(features, table)`, which `costmodel.rank` calls when a model
 has it; `predict(features)` alone leaves that column at 0 (held out, this loses most of the
-prior's advantage: docs/gpu_order.md). One weight array, saved by `costmodel/modelfile.py`
+prior's advantage: docs/gpu_order.md). Training can average the pairwise weights with those of
+a listwise (softmax over each dispatch) fit on the same basis; the result is still one linear
+score. One weight array, saved by `costmodel/modelfile.py`
 as the "pairwise" kind. See docs/gpu_order.md for how the shipped gfx942
 model is trained and how it does on held-out spec files.
 """
@@ -80,18 +82,26 @@ def basis_names(kind_terms: bool = False) -> list[str]:
     return names + [f"attention_{n}" for n in names] if kind_terms else names
 
 
+def _unit(w: np.ndarray) -> np.ndarray:
+    norm = float(np.linalg.norm(w))
+    return w / norm if norm > 0 else w
+
+
 class PairwiseModel(CostModel):
     """Linear score on `basis`, fit so that positives outscore the other rows of their group."""
 
     kind = "pairwise"
 
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
-                 seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0) -> None:
-        if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0):
-            raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0 and "
-                             "hard_negatives >= 0")
-        # A training setting, not a prediction one: kept out of the stored params.
+                 seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
+                 listwise: float = 0.0) -> None:
+        if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
+                and listwise >= 0):
+            raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
+                             "hard_negatives >= 0 and listwise >= 0")
+        # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
+        self.listwise = float(listwise)
         self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
                                        "weak_weight": float(weak_weight)}
         if kind_terms:  # only stored when set: model files without it keep loading
@@ -116,7 +126,10 @@ class PairwiseModel(CostModel):
         paired with up to `pairs` rows of its group labelled lower (both orientations, so no
         intercept is needed). With `hard_negatives` = h, a second fit adds, for each positive,
         pairs with the h lower rows the first fit scores highest: the order is judged at its top,
-        where random pairs are few (held out this helps: docs/gpu_order.md, part 5)."""
+        where random pairs are few (held out this helps: docs/gpu_order.md, part 5). With
+        `listwise` = L2 strength > 0, a second linear ranker on the same basis is fit by
+        `_fit_listwise` and the stored weights are the mean of the two unit weight vectors (one
+        weight array as before; held out this helps: docs/gpu_order.md, part 7)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
@@ -156,7 +169,41 @@ class PairwiseModel(CostModel):
                     weights.append(np.full(len(top), share))
             self.weights = self._fit_pairs(diffs, weights)
         self.training_rows = sum(len(d) for d in diffs)
+        if self.listwise:
+            listwise = self._fit_listwise(z, y, g)
+            # Equal parts of the two directions (a linear score's scale does not change an order).
+            self.weights = 0.5 * (_unit(self.weights) + _unit(listwise))
         return self
+
+    def _fit_listwise(self, z: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """Weights maximising, over the groups with a POSITIVE row, the softmax probability of the
+        positive rows among all rows of their group (a conditional logit; weak positives count as
+        other rows), with an L2 penalty `listwise` * |w|^2. Every other row of a group enters the
+        loss in proportion to how far up it is scored, so the fit is judged at the top of each
+        order, without choosing a number of hard negatives (docs/gpu_order.md, part 7)."""
+        from scipy.optimize import minimize
+        from scipy.special import logsumexp
+
+        blocks = []
+        for group in pd.unique(g):
+            rows = np.flatnonzero(g == group)
+            positive = y[rows] >= POSITIVE
+            if positive.any():
+                blocks.append((z[rows], positive))
+        lam = self.listwise
+
+        def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+            total, grad = lam * float(w @ w), 2.0 * lam * w
+            for rows, positive in blocks:
+                s = rows @ w
+                every, chosen = logsumexp(s), logsumexp(s[positive])
+                total += every - chosen
+                grad = grad + np.exp(s - every) @ rows - np.exp(s[positive] - chosen) @ rows[positive]
+            return total, grad
+
+        start = np.zeros(z.shape[1])
+        result = minimize(loss, start, jac=True, method="L-BFGS-B", options={"maxiter": 500})
+        return np.asarray(result.x, dtype=np.float64)
 
     def _fit_pairs(self, diffs: list[np.ndarray], weights: list[np.ndarray]) -> np.ndarray:
         """Logistic regression on pair differences (both orientations, no intercept)."""

@@ -13,7 +13,7 @@ import pytest
 
 from dispatchtune.costmodel.defaults import default_model_path, model_for_target
 from dispatchtune.costmodel.modelfile import load_cost_model, load_model, save_model
-from dispatchtune.costmodel.pairwise import POSITIVE, PairwiseModel, basis_names
+from dispatchtune.costmodel.pairwise import POSITIVE, PairwiseModel, basis, basis_names
 from dispatchtune.costmodel.rank import rank
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_file
 from dispatchtune.errors import InputError
@@ -133,8 +133,6 @@ def test_rank_json_prints_the_whole_order_as_candidates_json(tmp_path: Path) -> 
 
 def test_kind_terms_give_attention_weights_of_its_own() -> None:
     """With `kind_terms` the basis repeats itself on attention rows only (0 elsewhere)."""
-    from dispatchtune.costmodel.pairwise import basis
-
     attention = Problem.attention(2, 256, 64, 64, 256, "f16")
     cands = enumerate_candidates(attention, GFX942)
     att = extract_features(attention, GFX942, cands.table)
@@ -181,3 +179,25 @@ def test_basis_weighs_the_intrinsic_in_three_columns_and_the_shipped_model_match
     model, _ = model_for_target("gfx942")
     assert isinstance(model, PairwiseModel) and model.weights is not None
     assert len(model.weights) == len(names)
+
+
+def test_listwise_half_keeps_the_positive_on_top_and_the_model_file_format() -> None:
+    """`listwise` fits a softmax-per-group ranker on the same basis and stores the mean of the two
+    unit weight vectors: one weight array, the usual params, and an order that still puts the
+    positive first; the listwise direction alone does too."""
+    features = extract_features(SMALL, GFX942, _small().table)
+    labels = np.zeros(len(features))
+    labels[len(features) // 3] = POSITIVE
+    groups = np.zeros(len(features))
+    plain = PairwiseModel(c=1.0).fit(features, labels, groups)
+    mixed = PairwiseModel(c=1.0, listwise=0.1).fit(features, labels, groups)
+    assert plain.weights is not None and mixed.weights is not None
+    assert mixed.weights.shape == plain.weights.shape and "listwise" not in mixed.params
+    assert not np.allclose(mixed.weights, plain.weights / np.linalg.norm(plain.weights))
+    listwise = 2.0 * mixed.weights - plain.weights / np.linalg.norm(plain.weights)
+    assert np.isclose(np.linalg.norm(listwise), 1.0)
+    for scores in (mixed.predict(features), np.round(basis(features) @ listwise, 9)):
+        ahead = int((scores > scores[len(features) // 3]).sum())
+        assert ahead < 0.05 * len(features), ahead
+    with pytest.raises(InputError, match="listwise >= 0"):
+        PairwiseModel(listwise=-1.0)
