@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cpu_checks import tune_through_the_cli
 
 from dispatchtune import Problem, load_problems, rank
 from dispatchtune.errors import InputError, UnsupportedProblem
@@ -204,19 +205,5 @@ def test_attention_tunes_through_the_cli(tmp_path: Path) -> None:
     """`dispatchtune tune` on an attention: the dumped benchmark's op arrives as online_attention
     carrying the dump's `root_op` marker, which kept every spec from matching ("not applied") until
     the prepared benchmark dropped it; now every candidate applies, builds and verifies."""
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "out"
     example = Path(__file__).resolve().parent.parent / "examples" / "attention_f16.mlir"
-    proc = subprocess.run(
-        [sys.executable, "-m", "dispatchtune", "tune", str(example), "--target", "host",
-         "--budget", "2", "--no-progress", "-o", str(out)],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
-    tried = [r for r in records if r["kind"] == "candidate"]
-    assert len(tried) == 2
-    assert all(r["compile_status"] == "ok" and r["verify_status"] == "ok" for r in tried), tried
+    tune_through_the_cli(example, 2, tmp_path / "out")

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from dispatchtune.costmodel.defaults import default_model_path, model_for_target
@@ -32,13 +33,18 @@ def _small() -> CandidateSet:
     return enumerate_candidates(SMALL, GFX942)
 
 
-def _fitted() -> tuple[PairwiseModel, np.ndarray]:
-    """A prior fit on one real space where one configuration plays the expert."""
-    cands = _small()
-    features = extract_features(SMALL, GFX942, cands.table)
+def _one_expert() -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
+    """Features, labels and groups of one real space where one configuration plays the expert."""
+    features = extract_features(SMALL, GFX942, _small().table)
     labels = np.zeros(len(features))
     labels[len(features) // 3] = POSITIVE
-    return PairwiseModel(c=1.0).fit(features, labels, np.zeros(len(features))), labels
+    return features, labels, np.zeros(len(features))
+
+
+def _fitted() -> tuple[PairwiseModel, np.ndarray]:
+    """A prior fit on one real space where one configuration plays the expert."""
+    features, labels, groups = _one_expert()
+    return PairwiseModel(c=1.0).fit(features, labels, groups), labels
 
 
 def test_fit_ranks_the_positive_first_and_scores_are_linear() -> None:
@@ -153,10 +159,7 @@ def test_kind_terms_give_attention_weights_of_its_own() -> None:
 def test_hard_negatives_refit_keeps_the_positive_on_top_and_loads(tmp_path: Path) -> None:
     """The second fit adds the top-scored other rows as pairs; the setting is training-only, so
     the saved model has the usual params and loads."""
-    features = extract_features(SMALL, GFX942, _small().table)
-    labels = np.zeros(len(features))
-    labels[len(features) // 3] = POSITIVE
-    groups = np.zeros(len(features))
+    features, labels, groups = _one_expert()
     plain = PairwiseModel(c=1.0).fit(features, labels, groups)
     hard = PairwiseModel(c=1.0, hard_negatives=20).fit(features, labels, groups)
     assert hard.training_rows == plain.training_rows + 20
@@ -185,10 +188,7 @@ def test_listwise_half_keeps_the_positive_on_top_and_the_model_file_format() -> 
     """`listwise` fits a softmax-per-group ranker on the same basis and stores the mean of the two
     unit weight vectors: one weight array, the usual params, and an order that still puts the
     positive first; the listwise direction alone does too."""
-    features = extract_features(SMALL, GFX942, _small().table)
-    labels = np.zeros(len(features))
-    labels[len(features) // 3] = POSITIVE
-    groups = np.zeros(len(features))
+    features, labels, groups = _one_expert()
     plain = PairwiseModel(c=1.0).fit(features, labels, groups)
     mixed = PairwiseModel(c=1.0, listwise=0.1).fit(features, labels, groups)
     assert plain.weights is not None and mixed.weights is not None
