@@ -178,7 +178,7 @@ def strip_compilation_info(path: Path, out_path: Path) -> Path:
     return out_path
 
 
-def strip_root_markers(text: str) -> str:
+def _drop_root_markers(module: Any) -> None:
     """Remove the `root_op` markers a dump made with `--iree-codegen-add-tuner-attributes` carries.
 
     The spec matcher of an op that reaches it already converted (CPU attention arrives as
@@ -189,27 +189,24 @@ def strip_root_markers(text: str) -> str:
     """
     from iree.compiler import ir
 
-    with ir.Context():
-        try:
-            module = ir.Module.parse(text)
-        except ir.MLIRError as exc:
-            raise InputError(f"cannot parse benchmark file: {mlir_error_line(exc)}") from None
+    def visit(op: Any) -> Any:
+        if "root_op" in op.operation.attributes:
+            del op.operation.attributes["root_op"]
+        return ir.WalkResult.ADVANCE
 
-        def visit(op: Any) -> Any:
-            if "root_op" in op.operation.attributes:
-                del op.operation.attributes["root_op"]
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
-        return str(module)
+    module.operation.walk(visit)
 
 
 def _ops(block: Any) -> list[Any]:
     return [op.operation for op in block.operations]
 
 
-def add_buffer_fill(text: str, pattern: int = _PATTERNS["f32"]) -> str:
-    """Insert a fill of every benchmark buffer right after the initializer allocates it.
+def add_buffer_fill(
+    text: str, pattern: int = _PATTERNS["f32"], *, drop_root_markers: bool = False
+) -> str:
+    """Insert a fill of every benchmark buffer right after the initializer allocates it; with
+    `drop_root_markers`, also remove the dump's `root_op` markers in the same parse
+    (`_drop_root_markers`).
 
     Raises `InputError` when the file has no `util.initializer` allocating a buffer (the dumped
     layout changed): silently benchmarking unfilled buffers would rank candidates wrongly.
@@ -224,6 +221,8 @@ def add_buffer_fill(text: str, pattern: int = _PATTERNS["f32"]) -> str:
             module = ir.Module.parse(text)
         except ir.MLIRError as exc:
             raise InputError(f"cannot parse benchmark file: {mlir_error_line(exc)}") from None
+        if drop_root_markers:
+            _drop_root_markers(module)
         filled = 0
         for top in _ops(module.body):
             if top.name != "util.initializer":
@@ -280,8 +279,8 @@ def prepare_dispatch(source: Path, problem: Problem, out_path: Path) -> Prepared
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=out_path.parent) as tmp:
         stripped = strip_compilation_info(source, Path(tmp) / "stripped.mlir")
-        unmarked = strip_root_markers(stripped.read_text())
-        filled = add_buffer_fill(unmarked, fill_pattern(problem.element_types[0]))
+        filled = add_buffer_fill(stripped.read_text(), fill_pattern(problem.element_types[0]),
+                                 drop_root_markers=True)
         staging = Path(tmp) / out_path.name
         staging.write_text(filled)
         shutil.move(str(staging), out_path)

@@ -544,7 +544,7 @@ def enumerate_cpu(
     problem: Problem, target: Target, pipeline: str | None = None, limit: int | None = None
 ) -> CandidateSet:
     """Every configuration of the CPU model, in the engine's deterministic order."""
-    model, chunks = _solve_most_workgroups(problem, target.cpu_facts(), limit)
+    model, chunks = _solve_least_relaxed(problem, target.cpu_facts(), limit)
     if pipeline is not None and pipeline != model.pipeline:
         if pipeline not in CPU_PIPELINES:
             raise DispatchTuneError(
@@ -562,7 +562,7 @@ def enumerate_cpu(
     return CandidateSet(problem, target, table, {model.pipeline: materializer})
 
 
-def _solve_most_workgroups(
+def _solve_least_relaxed(
     problem: Problem, facts: CpuFacts, limit: int | None
 ) -> tuple[CpuModel, Sequence[dict[str, np.ndarray]]]:
     """Solve the sane space; where it is empty, relax as little as makes it not empty.

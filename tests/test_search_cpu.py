@@ -246,12 +246,12 @@ def test_a_problem_too_small_for_every_core_asks_for_the_workgroups_it_can_have(
     facts = replace(AVX512.cpu_facts(), cores=cores)
     strict_chunks = cpu_search._solve(cpu_model(problem, facts), None)
     assert sum(len(c["dist_n"]) for c in strict_chunks) == 0  # the strict C7 leaves nothing
-    model, chunks = cpu_search._solve_most_workgroups(problem, facts, None)
+    model, chunks = cpu_search._solve_least_relaxed(problem, facts, None)
     rows = pd.DataFrame({v: np.concatenate([c[v] for c in chunks]) for v in model.variables})
     assert len(rows) > 0
     assert ((rows["dist_n"] == 10) & (rows["vec_n"] == 10) & (rows["red_k"] == 16)).any()
     # A problem with room for every core keeps the strict C7.
-    big, _ = cpu_search._solve_most_workgroups(Problem.matmul(512, 512, 512, "f32"), facts, 10)
+    big, _ = cpu_search._solve_least_relaxed(Problem.matmul(512, 512, 512, "f32"), facts, 10)
     strict = cpu_model(Problem.matmul(512, 512, 512, "f32"), facts)
     assert [str(a) for a in big.assertions] == [str(a) for a in strict.assertions]
     table = enumerate_candidates(problem, AVX512).table
