@@ -37,6 +37,7 @@ from tqdm import tqdm
 from dispatchtune.costmodel.order import order_by_score
 from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
+from dispatchtune.features.kerneltuner import same_architecture
 from dispatchtune.features.spaces import has_features, space_features
 
 #: The orderings the harness replays (not the tuner's `--order` choices, `tuner.loop.TUNE_ORDERS`).
@@ -102,11 +103,28 @@ class _Models:
         model = self.cache[key]
         return None if model is None else np.asarray(model.predict(space.features), dtype=float)
 
+    def sources(self, kind: str, held_out: ReplaySpace) -> list[ReplaySpace]:
+        """The spaces a `kind` model for `held_out` learns from (never `held_out` itself): every
+        other space with features (gbm, rf, ...), or, for the transferred model, the other spaces
+        with all of `held_out`'s knobs, those of the same architecture family only where there
+        are any (a weaker teacher is not mixed in with a closer one)."""
+        others = [s for s in self.all_spaces if s.problem != held_out.problem
+                  and not (self.split == "device" and s.device == held_out.device)]
+        if kind != "transfer":
+            return [s for s in others if s.features is not None]
+        names = set(held_out.knobs.columns)
+        same_kernel = [s for s in others if names and names <= set(s.knobs.columns)]
+        close = [s for s in same_kernel if same_architecture(s.device, held_out.device)]
+        return close or same_kernel
+
+    def learnt_here(self, kind: str, space: ReplaySpace) -> bool:
+        """Whether a `kind` model for `space` learnt from a device of its architecture family."""
+        return any(same_architecture(s.device, space.device) for s in self.sources(kind, space))
+
     def _train(self, kind: str, held_out: ReplaySpace) -> Any:
         from dispatchtune.costmodel.learned import labels_from_times, make_model
 
-        train = [s for s in self.spaces if s.problem != held_out.problem
-                 and not (self.split == "device" and s.device == held_out.device)]
+        train = self.sources(kind, held_out)
         if not train:
             return None
         features = pd.concat([s.features for s in train if s.features is not None],
@@ -136,9 +154,7 @@ class _Models:
         from dispatchtune.search.online import normal_scores, numeric_knobs, power_of_two_part
 
         names = list(space.knobs.columns)
-        train = [s for s in self.all_spaces if s.problem != space.problem and names
-                 and set(names) <= set(s.knobs.columns)
-                 and not (self.split == "device" and s.device == space.device)]
+        train = self.sources("transfer", space)
         if not train:
             return None
         parts = [s.knobs.loc[:, names].assign(_y=normal_scores(-s.times))
@@ -171,16 +187,23 @@ def _knob_scores(space: ReplaySpace) -> np.ndarray:
 
 def _online_priors(space: ReplaySpace, models: _Models) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The online search's portfolio: the main prior (gbm where features exist, else the model
-    transferred from the same kernel's other spaces, else the knob heuristic) and the others
-    (the handwritten heuristic, the transferred model); the search adds the knob heuristic."""
+    transferred from the same kernel's other spaces, else the handwritten heuristic where
+    features exist, else the knob heuristic) and the others as opinions; the search adds the
+    knob heuristic.
+
+    A learned model leads only where it learnt from a device of the space's architecture family
+    (`same_architecture`); learnt on other families only (an NVIDIA-trained model on an AMD GPU),
+    it is one more opinion and a heuristic leads: which thread counts and tile shapes are fast
+    differs across families, and a wrong given prior costs the initial design and the prior
+    steps before the run's own measurements outvote it (docs/search.md part 7)."""
     candidates = {"gbm": models.scores("gbm", space), "transfer": models.transfer(space)}
     if space.features is not None:
         candidates["heuristic"] = _heuristic_scores(space)
     available = {k: v for k, v in candidates.items() if v is not None}
-    if not available:
-        return _knob_scores(space), {}
-    main = next(iter(available))
-    return available.pop(main), available
+    leaders = [k for k in available if k == "heuristic" or models.learnt_here(k, space)]
+    if not leaders:
+        return _knob_scores(space), available
+    return available.pop(leaders[0]), available
 
 
 def _online_order(space: ReplaySpace, priors: tuple[np.ndarray, dict[str, np.ndarray]], seed: int,

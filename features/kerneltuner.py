@@ -97,6 +97,33 @@ def device_facts(device_name: str) -> TargetScalars | None:
     return None
 
 
+_VENDORS = {
+    "nvidia": r"nvidia|geforce|\brtx\b|\bgtx\b|titan|tesla|quadro",
+    "amd": r"\bamd\b|radeon|instinct|\bmi\d{2,3}|\bgfx\d",
+    "intel": r"intel|xeon|\barc\b|iris",
+}
+
+
+def device_vendor(device_name: str) -> str | None:
+    """The vendor a device name says (None when it names none)."""
+    wanted = device_name.lower()
+    return next((v for v, pattern in _VENDORS.items() if re.search(pattern, wanted)), None)
+
+
+def same_architecture(a: str, b: str) -> bool:
+    """Whether two devices share an architecture family: the same vendor and, where the facts of
+    both are known, the same subgroup (warp / wavefront) width; a device whose vendor is unknown
+    matches only a device of the same name. What is fast on one family (thread counts, tile
+    shapes) need not be on another: learned orders transfer within a family, not across."""
+    if a == b:
+        return True
+    vendor = device_vendor(a)
+    if vendor is None or vendor != device_vendor(b):
+        return False
+    facts_a, facts_b = device_facts(a), device_facts(b)
+    return facts_a is None or facts_b is None or facts_a.subgroup_size == facts_b.subgroup_size
+
+
 def gemm_scalars(gemm: KernelTunerGemm) -> ProblemScalars:
     """The feature scalars of a Kernel Tuner GEMM (A, B and C share one element type)."""
     elem = gemm.element_bytes

@@ -20,6 +20,7 @@ from dispatchtune.evaluation.harness import (
     replay_spaces,
     write_report,
 )
+from dispatchtune.features.kerneltuner import same_architecture
 from dispatchtune.search.online import _spearman
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -107,6 +108,48 @@ def test_a_space_without_features_is_ordered_by_the_knob_heuristic() -> None:
     # (read_only, use_shmem, ...) and the constant filter sizes carry no opinion.
     assert 0 < all_pow2.sum() < space.n and all_pow2[order[: all_pow2.sum()]].all()
     assert size_knobs(space.knobs) == ["block_size_x", "block_size_y", "tile_size_x", "tile_size_y"]
+
+
+def test_a_model_learnt_on_another_architecture_family_is_an_opinion_not_the_lead() -> None:
+    # The MI50 (AMD, 64-wide wavefronts) convolution learns from the A4000's (NVIDIA, 32-wide
+    # warps): the transferred forest exists but the knob heuristic leads, the forest one opinion.
+    spaces = load_replay_spaces([FIXTURES / "kt_conv_a4000_slice.json.gz",
+                                 FIXTURES / "kt_conv_mi50_slice.json.gz"])
+    models = _Models(spaces, "problem")
+    a4000, mi50 = spaces
+    assert [s.device for s in models.sources("transfer", mi50)] == [a4000.device]
+    assert not models.learnt_here("transfer", mi50)
+    main, others = _online_priors(mi50, models)
+    np.testing.assert_allclose(main, KnobHeuristicModel().predict(mi50.knobs))
+    transferred = models.transfer(mi50)
+    assert transferred is not None and set(others) == {"transfer"}
+    np.testing.assert_allclose(others["transfer"], transferred)
+
+
+@pytest.mark.parametrize(("a", "b", "same"), [
+    ("NVIDIA RTX A4000", "NVIDIA GeForce RTX 2080 Ti", True),
+    ("NVIDIA RTX A4000", "AMD Instinct MI50/MI60", False),
+    ("AMD Instinct MI50/MI60", "AMD Instinct MI300X", True),  # both 64-wide wavefronts
+    ("AMD Radeon PRO W7800", "AMD Instinct MI300X", True),  # facts of one side unknown
+    ("my lab GPU", "my lab GPU", True),
+    ("my lab GPU", "NVIDIA RTX A4000", False),
+    ("", "NVIDIA RTX A4000", False),
+])
+def test_same_architecture_is_vendor_and_subgroup_width(a: str, b: str, same: bool) -> None:
+    assert same_architecture(a, b) is same
+
+
+def test_same_vendor_with_another_subgroup_width_is_another_family() -> None:
+    # Facts a user gave for an RDNA card (32-wide waves) set it apart from a 64-wide CDNA one.
+    from dispatchtune.features.extract import TargetScalars
+    from dispatchtune.features.kerneltuner import USER_DEVICES, register_device
+
+    register_device("rx 7900", TargetScalars(is_gpu=True, compute_units=96, subgroup_size=32))
+    try:
+        assert not same_architecture("AMD Radeon RX 7900 XTX", "AMD Instinct MI50/MI60")
+        assert same_architecture("AMD Radeon RX 7900 XTX", "AMD Radeon RX 7900 XT")
+    finally:
+        USER_DEVICES.pop("rx 7900")
 
 
 def test_online_priors_transfer_from_the_same_kernel_on_other_devices() -> None:
