@@ -41,6 +41,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from dispatchtune.costmodel.metrics import near_optimal, random_expected_benchmarks
+from dispatchtune.datasets.kerneltuner import load_kerneltuner, objective_direction
 from dispatchtune.errors import DispatchTuneError, InputError
 
 #: Kernel Tuner's names (`kernel_tuner.interface.strategy_map`) of the strategies compared.
@@ -79,11 +80,15 @@ def _config_key(values: Sequence[object]) -> str:
     return ",".join(str(v) for v in values)
 
 
-def _is_failed(result: dict[str, Any]) -> bool:
-    if "__error__" in result:
-        return True
-    time = result.get("time")
-    return not isinstance(time, (int, float)) or not np.isfinite(time)
+def _cost(result: dict[str, Any], objective: str = "time", higher_is_better: bool = False) -> float:
+    """What the replay minimises for one result, as `datasets.kerneltuner` defines `cost` (the
+    objective, or its reciprocal where higher is better); inf for a failed configuration."""
+    time, value = result.get("time"), result.get(objective)
+    if "__error__" in result or not isinstance(time, (int, float)) or not np.isfinite(time):
+        return float("inf")
+    if not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        return float("inf")
+    return 1.0 / float(value) if higher_is_better else float(value)
 
 
 class _StopAtHit:
@@ -163,6 +168,9 @@ class CacheReplay:
             except (ValueError, KeyError, TypeError) as exc:
                 raise InputError(f"corrupt Kernel Tuner cache {cache}: {exc}") from exc
             self.kernel_name = str(header["kernel_name"])
+            self.objective = str(header.get("objective") or "time")
+            self.higher_is_better = objective_direction(
+                self.objective, header.get("objective_higher_is_better"))
             size = header["problem_size"]  # a list, or one int (pnpoly)
             self.problem_size = tuple(size) if isinstance(size, (list, tuple)) else (size,)
             self.present = frozenset(header["cache"])
@@ -179,13 +187,17 @@ class CacheReplay:
     def close(self) -> None:
         self._tmp.cleanup()
 
+    def cost(self, result: dict[str, Any]) -> float:
+        """The cost of one of Kernel Tuner's results (`_cost` with this cache's objective)."""
+        return _cost(result, self.objective, self.higher_is_better)
+
     def run(
         self, strategy: str, seed: int, max_fevals: int,
         stop_when: Callable[[dict[str, Any]], bool] | None = None,
     ) -> list[tuple[str, float]]:
         """Replay `strategy` seeded with `seed`: the unique configurations it benchmarked, in order.
 
-        Each entry is (Kernel Tuner's cache key, time in ms or inf for a failed configuration), at
+        Each entry is (Kernel Tuner's cache key, its cost (`cost`) or inf for a failed configuration), at
         most `max_fevals` long. With `stop_when`, the run ends at the first result it accepts.
         """
         from constraint import FunctionConstraint
@@ -209,6 +221,7 @@ class CacheReplay:
                 self.kernel_name, "", self.problem_size, [], self.tune_params,
                 restrictions=[FunctionConstraint(in_cache)], cache=str(self.path), simulation_mode=True,
                 strategy=chosen, strategy_options={"max_fevals": max_fevals}, quiet=True,
+                objective=self.objective, objective_higher_is_better=self.higher_is_better,
             )
         seen: set[str] = set()
         trace: list[tuple[str, float]] = []
@@ -217,7 +230,7 @@ class CacheReplay:
             if key in seen:
                 continue  # served again from Kernel Tuner's cache: no benchmark
             seen.add(key)
-            trace.append((key, float("inf") if _is_failed(result) else float(result["time"])))
+            trace.append((key, self.cost(result)))
             if len(trace) == max_fevals:
                 break
         return trace
@@ -269,8 +282,6 @@ def kernel_tuner_rows(
     `benchmarks_to_threshold` and `invalid_proposals` are those of the full run, while `evaluated`
     and `best_so_far` end at the hit. `on_row` sees each row as soon as its run ends (checkpoints).
     """
-    from dispatchtune.datasets.kerneltuner import load_kerneltuner
-
     if not strategies:
         raise InputError("no Kernel Tuner strategy given")
     if not seeds:
@@ -284,7 +295,7 @@ def kernel_tuner_rows(
 
     cache = Path(cache)
     space = load_kerneltuner(cache)
-    valid_times = space.valid["time_ms"].to_numpy(dtype=np.float64)
+    valid_times = space.valid["cost"].to_numpy(dtype=np.float64)
     if valid_times.size == 0:
         raise InputError(f"{cache}: no configuration in the cache ran")
     best = float(valid_times.min())
@@ -299,7 +310,7 @@ def kernel_tuner_rows(
     }
 
     def is_good(result: dict[str, Any]) -> bool:
-        return not _is_failed(result) and float(result["time"]) <= best * (1.0 + threshold)
+        return _cost(result, space.objective, space.higher_is_better) <= best * (1.0 + threshold)
 
     rows: list[dict[str, object]] = []
     runs = [(s, int(seed)) for s in strategies for seed in seeds]

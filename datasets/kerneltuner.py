@@ -5,9 +5,18 @@ A cache (`.json` or `.json.gz`) holds a header (`kernel_name`, `device_name`, `p
 `time` (mean, ms) or, for an invalid configuration, a string such as "CompilationFailedConfig".
 
 `load_kerneltuner` returns one row per configuration: the raw parameters (the knobs, named by the
-header's `tune_params_keys`), `GFLOP/s`, `time_ms` (NaN when invalid), `valid`, `status` and
-`device`. The mapping of a CLBlast-style GEMM space (MWG, NWG, KWG, ...) onto the feature
-vocabulary lives above this layer, in `dispatchtune.features.kerneltuner`.
+header's `tune_params_keys`), `GFLOP/s`, `time_ms` (NaN when invalid), `cost` (what tuning
+minimises, see below), `valid`, `status` and `device`.
+
+The header's `objective` (default `time`) names the entry field the cache was tuned for, and
+`objective_higher_is_better` its direction where given; otherwise the direction is Kernel Tuner's
+own for its named objectives (time and energy lower, rates such as GFLOP/s or GB/s higher). `cost`
+is the objective where lower is better and its reciprocal where higher is: a kernel tuned for
+GFLOP/s whose work grows with a knob (hotspot's temporal tiling) is ranked by its rate, not by
+the time of one launch. An objective that no entry carries falls back to `time` with a warning.
+
+The mapping of a CLBlast-style GEMM space (MWG, NWG, KWG, ...) onto the feature vocabulary lives
+above this layer, in `dispatchtune.features.kerneltuner`.
 
 `problem_size` may be a list or a single int (pnpoly), `device_name` may be empty or any string,
 and parameters of any kernel load: numeric ones as numbers, others (strings) as they are.
@@ -21,6 +30,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +41,13 @@ import pandas as pd
 
 from dispatchtune.errors import InputError
 
+logger = logging.getLogger(__name__)
+
 #: The parameters that make a cache a CLBlast-style GEMM space.
 GEMM_KEYS = ("MWG", "NWG", "KWG", "MDIMC", "NDIMC")
+#: Objectives where lower is better (Kernel Tuner's defaults); rates (".../s", ".../W", ".../J")
+#: are higher-is-better.
+LOWER_IS_BETTER = ("time", "energy")
 
 
 @dataclass(frozen=True)
@@ -58,6 +74,8 @@ class KernelTunerSpace:
     problem_size: tuple[int, ...]
     tune_params_keys: tuple[str, ...]
     table: pd.DataFrame
+    objective: str = "time"
+    higher_is_better: bool = False
 
     @property
     def is_gemm(self) -> bool:
@@ -65,7 +83,7 @@ class KernelTunerSpace:
 
     @property
     def valid(self) -> pd.DataFrame:
-        """The rows that ran (a numeric `time`)."""
+        """The rows that ran (a positive, finite objective)."""
         return self.table[self.table["valid"]]
 
     def gemm(self) -> KernelTunerGemm:
@@ -121,6 +139,17 @@ def _parameter_column(column: pd.Series) -> pd.Series:
         return column.astype(str)
 
 
+def objective_direction(objective: str, given: object = None) -> bool:
+    """Whether higher is better for `objective`: the header's `objective_higher_is_better` when it
+    is a boolean, else lower for time and energy and higher for rates (Kernel Tuner's defaults)."""
+    if isinstance(given, bool):
+        return given
+    name = objective.strip().lower()
+    if name in LOWER_IS_BETTER:
+        return False
+    return bool(re.search(r"/\s*[swj]$|flops", name))
+
+
 def _read_json(path: Path) -> dict[str, object]:
     try:
         raw = path.read_bytes()
@@ -150,7 +179,9 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
         raise InputError(f"corrupt Kernel Tuner cache {path}: missing or bad header {exc}") from exc
     if not isinstance(cache, dict) or not cache:
         raise InputError(f"corrupt Kernel Tuner cache {path}: 'cache' is empty or not an object")
-    wanted = [*keys, "time", "GFLOP/s"]
+    objective = str(data.get("objective") or "time")
+    higher = objective_direction(objective, data.get("objective_higher_is_better"))
+    wanted = list(dict.fromkeys([*keys, "time", "GFLOP/s", objective]))
     try:
         table = pd.DataFrame.from_records(list(cache.values()), columns=wanted)
         for key in keys:
@@ -160,12 +191,21 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
     if table[list(keys)].isna().any().any():
         raise InputError(f"corrupt Kernel Tuner cache {path}: a configuration lacks a parameter")
     numeric_time = pd.to_numeric(table["time"], errors="coerce")
-    valid = numeric_time.notna() & np.isfinite(numeric_time)
-    table["time_ms"] = numeric_time.where(valid).astype(np.float64)
-    table["valid"] = valid.to_numpy()
-    table["status"] = np.where(valid, "ok", table["time"].astype(str))
+    ran = numeric_time.notna() & np.isfinite(numeric_time)
+    value = pd.to_numeric(table[objective], errors="coerce").to_numpy(dtype=np.float64)
+    if objective != "time" and not np.isfinite(value).any():
+        logger.warning("%s: no entry carries the objective %r; ranking by time", path, objective)
+        objective, higher, value = "time", False, numeric_time.to_numpy(dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cost = 1.0 / value if higher else value
+    # A failed configuration's objective is missing, an error string, or a sentinel such as 0 GFLOP/s.
+    valid = ran.to_numpy() & np.isfinite(cost) & (cost > 0)
+    table["time_ms"] = numeric_time.where(ran).astype(np.float64)
+    table["cost"] = np.where(valid, cost, np.nan)
+    table["valid"] = valid
+    table["status"] = np.where(valid, "ok", np.where(ran, f"no {objective}", table["time"].astype(str)))
     table["device"] = device
-    table = table.drop(columns=["time"])
+    table = table.drop(columns=[c for c in dict.fromkeys(["time", objective]) if c != "GFLOP/s"])
     table.insert(0, "candidate_id", np.arange(len(table)))
-    return KernelTunerSpace(str(path), kernel, device, size, keys, table)
+    return KernelTunerSpace(str(path), kernel, device, size, keys, table, objective, higher)
 

@@ -56,7 +56,7 @@ class MeasuredSpace:
     #: The problem: a `Problem` for logs, the GEMM for GEMM caches, None for other caches.
     problem: Problem | KernelTunerGemm | None
     table: pd.DataFrame  # the valid rows' raw columns, index 0..n-1
-    times: np.ndarray  # ms, > 0
+    times: np.ndarray  # ms, > 0 (a cache tuned for a rate: 1 / rate, `kerneltuner` module doc)
     knobs: pd.DataFrame  # the knob columns of the valid rows, index 0..n-1
     space_digest: str = ""  # logs: the enumeration digest, when the log records one
 
@@ -123,7 +123,7 @@ def cache_space(path: Path) -> MeasuredSpace:
     return MeasuredSpace(
         label=cache.label(), source=f"Kernel Tuner {path.name}", kind=KERNELTUNER,
         device=cache.device_name, cpu="", problem=cache.gemm() if cache.is_gemm else None,
-        table=valid, times=valid["time_ms"].to_numpy(dtype=np.float64),
+        table=valid, times=valid["cost"].to_numpy(dtype=np.float64),
         knobs=valid[list(cache.tune_params_keys)],
     )
 

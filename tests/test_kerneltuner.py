@@ -172,3 +172,68 @@ def test_mixed_precision_caches_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(DispatchTuneError, match="several precisions"):
         problem_scalars(load_kerneltuner(path))
+
+
+def _rate_cache(tmp_path: Path, header: dict[str, object]) -> Path:
+    # A hotspot-like cache: the temporal tiling factor multiplies the work of one launch, so the
+    # slowest launch (tf=4) has the best rate; tf=3 ran but its rate is recorded as 0 (a failure).
+    entries = {
+        "1": {"tf": 1, "time": 1.0, "GFLOP/s": 10.0},
+        "2": {"tf": 2, "time": 1.5, "GFLOP/s": 13.3},
+        "3": {"tf": 3, "time": 1.2, "GFLOP/s": 0},
+        "4": {"tf": 4, "time": 2.0, "GFLOP/s": 20.0},
+        "5": {"tf": 5, "time": "RuntimeFailedConfig", "GFLOP/s": "RuntimeFailedConfig"},
+    }
+    data = {"device_name": "AMD Instinct MI250X", "kernel_name": "calculate_temp",
+            "problem_size": [4096, 4096], "tune_params_keys": ["tf"],
+            "tune_params": {"tf": [1, 2, 3, 4, 5]}, "cache": entries, **header}
+    path = tmp_path / "hotspot.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_rate_objective_ranks_by_rate_not_by_launch_time(tmp_path: Path) -> None:
+    space = load_kerneltuner(_rate_cache(tmp_path, {"objective": "GFLOP/s"}))
+    assert space.objective == "GFLOP/s" and space.higher_is_better
+    valid = space.valid
+    assert valid["tf"].tolist() == [1, 2, 4]
+    np.testing.assert_allclose(valid["cost"], [1 / 10.0, 1 / 13.3, 1 / 20.0])
+    assert valid["time_ms"].tolist() == [1.0, 1.5, 2.0]
+    assert space.table.set_index("tf").loc[3, "status"] == "no GFLOP/s"
+    from dispatchtune.datasets.spaces import load_spaces
+
+    (measured,) = load_spaces([tmp_path / "hotspot.json"])
+    assert measured.knobs["tf"].iloc[int(np.argmin(measured.times))] == 4
+
+
+@pytest.mark.parametrize(("header", "best_tf"), [
+    ({}, 1),  # no objective: time, Kernel Tuner's default
+    ({"objective": "time"}, 1),
+    ({"objective": "GFLOP/s", "objective_higher_is_better": False}, 1),  # as the header says
+    ({"objective": "GB/s"}, 1),  # a rate no entry carries: time, with a warning
+])
+def test_objective_direction_and_fallback(tmp_path: Path, header: dict[str, object], best_tf: int,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    valid = load_kerneltuner(_rate_cache(tmp_path, header)).valid
+    assert int(valid["tf"].iloc[int(np.argmin(valid["cost"]))]) == best_tf
+    assert ("ranking by time" in caplog.text) == (header.get("objective") == "GB/s")
+
+
+def test_evaluate_a_rate_tuned_cache_through_the_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cache = _rate_cache(tmp_path, {"objective": "GFLOP/s"})
+    done = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "evaluate", "--dataset", str(cache),
+         "--orders", "random,online", "--seeds", "2", "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    import pandas as pd
+
+    runs = pd.read_csv(tmp_path / "out" / "runs.csv")
+    assert set(runs["n_candidates"]) == {3} and set(runs["n_good"]) == {1}
+    curves = [json.loads(c) for c in runs["best_so_far"]]
+    # Best so far over the best rate: the single-step launch (tf=1, 10 GFLOP/s) is half of tf=4's
+    # 20 GFLOP/s, although its launch is the fastest.
+    assert all(c[-1] == 1.0 for c in curves) and any(c[0] == 0.5 for c in curves)

@@ -185,3 +185,20 @@ def test_peers_summary_counts_misses_last() -> None:
     assert table.loc["a", "median_of_hits"] == 20.0
     assert table.loc["b", "median"] == "miss"
     assert table.loc["b", "median_evaluated"] == 7.0
+
+
+def test_a_rate_tuned_cache_is_replayed_on_its_rate(tmp_path: Path) -> None:
+    # The peers minimise what the harness does: 1 / GFLOP/s for a cache tuned for GFLOP/s.
+    entries = {str(tf): {"tf": tf, "time": 1.0 + tf / 4, "GFLOP/s": 10.0 * tf} for tf in range(1, 9)}
+    cache = tmp_path / "rate.json"
+    cache.write_text(json.dumps({
+        "device_name": "AMD Instinct MI250X", "kernel_name": "calculate_temp", "problem_size": [64],
+        "tune_params_keys": ["tf"], "tune_params": {"tf": list(range(1, 9))}, "objective": "GFLOP/s",
+        "cache": entries}))
+    trace = replay_evaluations(cache, "random_sample", 0, max_fevals=8)  # every configuration
+    assert {key: cost for key, cost in trace} == {k: 1 / (10.0 * int(k)) for k, _ in trace}
+    rows = kernel_tuner_rows(cache, ["random_sample"], [0], max_fevals=8, progress=False)
+    (hit,) = rows["benchmarks_to_threshold"]
+    keys = [key for key, _ in trace]
+    # The hit is the best rate (tf=8), never the fastest launch (tf=1).
+    assert len(keys) == 8 and keys.index("8") + 1 == hit
