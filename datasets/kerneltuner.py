@@ -19,7 +19,8 @@ The mapping of a CLBlast-style GEMM space (MWG, NWG, KWG, ...) onto the feature 
 above this layer, in `dispatchtune.features.kerneltuner`.
 
 `problem_size` may be a list or a single int (pnpoly), `device_name` may be empty or any string,
-and parameters of any kernel load: numeric ones as numbers, others (strings) as they are.
+and parameters of any kernel load: numeric ones as numbers, others (strings) as they are. A cache
+left open by an interrupted tuning run loads with the entries it holds.
 
 The GEMM's M and N are the header's `problem_size`; K is not in the header, so it is recovered from
 the measured `GFLOP/s` and `time` (FLOPs = 2*M*N*K), falling back to K = M when those are missing
@@ -150,11 +151,27 @@ def objective_direction(objective: str, given: object = None) -> bool:
     return bool(re.search(r"/\s*[swj]$|flops", name))
 
 
+def _loads_open_or_closed(text: bytes, path: Path) -> object:
+    """The cache's JSON; a cache Kernel Tuner left open (it appends one entry per benchmark and
+    closes the file at the end, so an interrupted or running tuning leaves `..., "cache": {entry,`)
+    is read as Kernel Tuner reads it: closed after its last complete entry."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        body = text.rstrip()
+        if b'"cache"' not in body or not body.endswith((b",", b"}")):
+            raise
+        data = json.loads(body.rstrip(b",") + b"}\n}")
+        logger.warning("%s: an open Kernel Tuner cache (a tuning run was interrupted or still "
+                       "writes it): read the entries it holds", path)
+        return data
+
+
 def _read_json(path: Path) -> dict[str, object]:
     try:
         raw = path.read_bytes()
         text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        data = json.loads(text)
+        data = _loads_open_or_closed(text, path)
     except FileNotFoundError as exc:
         raise InputError(f"Kernel Tuner cache not found: {path}") from exc
     except (OSError, EOFError, zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -237,3 +237,17 @@ def test_evaluate_a_rate_tuned_cache_through_the_cli(tmp_path: Path) -> None:
     # Best so far over the best rate: the single-step launch (tf=1, 10 GFLOP/s) is half of tf=4's
     # 20 GFLOP/s, although its launch is the fastest.
     assert all(c[-1] == 1.0 for c in curves) and any(c[0] == 0.5 for c in curves)
+
+
+@pytest.mark.parametrize("tail", [",\n", "\n", ""])
+def test_a_cache_left_open_by_an_interrupted_run_loads(tmp_path: Path, tail: str,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    # Kernel Tuner appends one entry per benchmark and closes the object at the end of the run.
+    data = json.loads(gzip.decompress(PNPOLY.read_bytes()))
+    text = json.dumps(data, indent=0)
+    body = text[: text.rindex("}", 0, text.rindex("}"))].rstrip()  # without the closing braces
+    assert body.endswith("}")  # the last entry
+    path = tmp_path / "open.json"
+    path.write_text(body + tail)
+    space = load_kerneltuner(path)
+    assert len(space.table) == len(data["cache"]) and "open Kernel Tuner cache" in caplog.text
