@@ -50,10 +50,18 @@ def _amd_cdna(cus: int, vgprs: int) -> TargetScalars:
                          subgroup_size=64)
 
 
+def _amd_rdna(cus: int, vgprs: int) -> TargetScalars:
+    # RDNA: 2 SIMD32 per CU, 64 KiB LDS per workgroup; HIP compiles for 32-wide waves by default
+    # on these parts. `vgprs` per lane of a SIMD (RDNA2 1024; Navi 31/32 1536).
+    return TargetScalars(is_gpu=True, compute_units=cus, simds_per_cu=2,
+                         max_workgroup_memory_bytes=65536, registers_per_simd=vgprs,
+                         subgroup_size=32)
+
+
 #: Hardware facts of common GPUs, from the vendors' specification sheets and architecture
 #: whitepapers (NVIDIA Turing/Ampere/Ada/Hopper whitepapers and CUDA C Programming Guide,
 #: "compute capabilities" table, for SM counts and shared memory per block; AMD product pages and
-#: the Vega/CDNA ISA manuals for CU counts, LDS and VGPRs). Matched by the longest key that occurs
+#: the Vega/CDNA/RDNA ISA manuals for CU counts, LDS and VGPRs). Matched by the longest key that occurs
 #: in `device_name` (case-insensitive, not inside a longer model number); facts given by the
 #: user (`register_device`) take precedence.
 KT_DEVICES: dict[str, TargetScalars] = {
@@ -65,12 +73,22 @@ KT_DEVICES: dict[str, TargetScalars] = {
     # Ampere GA10x (CC 8.6): 99 KiB per block (100 KiB per SM); A100 (CC 8.0): 163 KiB (164).
     "a4000": _nvidia(48, 100), "a5000": _nvidia(64, 100), "a6000": _nvidia(84, 100),
     "3090": _nvidia(82, 100), "3080": _nvidia(68, 100), "3070": _nvidia(46, 100),
-    "a100": _nvidia(108, 164),
-    # Ada (CC 8.9): 99 KiB per block; Hopper H100 SXM5 (CC 9.0): 227 KiB (228).
-    "4090": _nvidia(128, 100), "l40": _nvidia(142, 100), "h100": _nvidia(132, 228),
+    "3060": _nvidia(28, 100), "a10": _nvidia(72, 100), "a40": _nvidia(84, 100),
+    "a100": _nvidia(108, 164), "a30": _nvidia(56, 164),
+    # Ada (CC 8.9): 99 KiB per block; Hopper H100 SXM5 / H200 (CC 9.0): 227 KiB (228).
+    "4090": _nvidia(128, 100), "4080": _nvidia(76, 100), "4070": _nvidia(46, 100),
+    "l40": _nvidia(142, 100), "l40s": _nvidia(142, 100), "l4": _nvidia(58, 100),
+    "h100": _nvidia(132, 228), "h200": _nvidia(132, 228),
     # AMD: Vega 20 (MI50 60 CUs, MI60 64: a shared "MI50/MI60" name reads as the MI50), CDNA 1-3.
+    # An MI250(X) is two dies, each its own HIP device of 104 (110) CUs.
     "mi50": _amd_cdna(60, 256), "mi60": _amd_cdna(64, 256), "mi100": _amd_cdna(120, 256),
-    "mi210": _amd_cdna(104, 512), "mi250x": _amd_cdna(220, 512), "mi300x": _amd_cdna(304, 512),
+    "mi210": _amd_cdna(104, 512), "mi250": _amd_cdna(104, 512), "mi250x": _amd_cdna(110, 512),
+    "mi300x": _amd_cdna(304, 512),
+    # RDNA 2 (Navi 21/23) and RDNA 3 (Navi 31/32) workstation and desktop cards.
+    "w6600": _amd_rdna(28, 1024), "w6800": _amd_rdna(60, 1024), "6800": _amd_rdna(60, 1024),
+    "6800 xt": _amd_rdna(72, 1024), "6900 xt": _amd_rdna(80, 1024),
+    "w7700": _amd_rdna(48, 1536), "w7800": _amd_rdna(70, 1536), "w7900": _amd_rdna(96, 1536),
+    "7900 xt": _amd_rdna(84, 1536), "7900 xtx": _amd_rdna(96, 1536),
 }
 
 #: Facts the user gave for a device (`register_device`), consulted before `KT_DEVICES`.

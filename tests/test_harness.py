@@ -130,7 +130,9 @@ def test_a_model_learnt_on_another_architecture_family_is_an_opinion_not_the_lea
     ("NVIDIA RTX A4000", "NVIDIA GeForce RTX 2080 Ti", True),
     ("NVIDIA RTX A4000", "AMD Instinct MI50/MI60", False),
     ("AMD Instinct MI50/MI60", "AMD Instinct MI300X", True),  # both 64-wide wavefronts
-    ("AMD Radeon PRO W7800", "AMD Instinct MI300X", True),  # facts of one side unknown
+    ("AMD Radeon PRO W6600", "AMD Instinct MI250X", False),  # RDNA wave32, CDNA wave64
+    ("AMD Radeon PRO W6600", "AMD Radeon PRO W7700", True),
+    ("AMD Radeon Pro VII", "AMD Instinct MI300X", True),  # facts of one side unknown
     ("my lab GPU", "my lab GPU", True),
     ("my lab GPU", "NVIDIA RTX A4000", False),
     ("", "NVIDIA RTX A4000", False),

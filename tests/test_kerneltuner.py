@@ -89,6 +89,13 @@ def test_device_table_and_user_facts() -> None:
     # Whole model numbers: "a4000" is not an A40, "rtx 4090" not a T4.
     assert device_facts("NVIDIA RTX A4000").compute_units == 48  # type: ignore[union-attr]
     assert device_facts("NVIDIA GeForce RTX 4090").compute_units == 128  # type: ignore[union-attr]
+    # One HIP device per MI250X die; RDNA cards run 32-wide waves; "L4" is not an L40 or L40S.
+    expected = {"AMD Instinct MI250X": (110, 64), "AMD Radeon PRO W6600": (28, 32),
+                "AMD Radeon PRO W7700": (48, 32), "NVIDIA L4": (58, 32), "NVIDIA L40S": (142, 32),
+                "NVIDIA A100-SXM4-80GB": (108, 32), "NVIDIA A10": (72, 32)}
+    for name, (units, width) in expected.items():
+        found = device_facts(name)
+        assert found is not None and (found.compute_units, found.subgroup_size) == (units, width), name
     facts = TargetScalars(is_gpu=True, compute_units=10, simds_per_cu=4,
                           max_workgroup_memory_bytes=32768, registers_per_simd=256, subgroup_size=32)
     register_device("future gpu", facts)
