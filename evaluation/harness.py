@@ -16,7 +16,8 @@ Orders:
   (leave-one-problem-out; `split="device"` also leaves out the space's whole device);
 - `online`: `search.online.OnlineSearch` from a portfolio of priors (gbm when other spaces can
   train it, a forest over the raw knobs of the same kernel's other spaces, the handwritten and
-  knob heuristics), each weighed by how well it predicts the run's own results;
+  knob heuristics), each weighed by how well it predicts the run's own results; a learned prior
+  leads only where it learnt from the space's architecture family (`_online_priors`);
 - `tpe`: Optuna's TPE over the raw knobs (each knob categorical over its values); a proposed
   combination that is not a measured configuration costs no benchmark but is counted in
   `invalid_proposals`.
