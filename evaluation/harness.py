@@ -17,7 +17,7 @@ Orders:
 - `online`: `search.online.OnlineSearch` from a portfolio of priors (gbm when other spaces can
   train it, a forest over the raw knobs of the same kernel's other spaces, the handwritten and
   knob heuristics), each weighed by how well it predicts the run's own results; a learned prior
-  leads only where it learnt from the space's architecture family (`_online_priors`);
+  leads only where it learnt from the space's architecture (`_online_priors`);
 - `tpe`: Optuna's TPE over the raw knobs (each knob categorical over its values); a proposed
   combination that is not a measured configuration costs no benchmark but is counted in
   `invalid_proposals`.
@@ -107,7 +107,7 @@ class _Models:
     def sources(self, kind: str, held_out: ReplaySpace) -> list[ReplaySpace]:
         """The spaces a `kind` model for `held_out` learns from (never `held_out` itself): every
         other space with features (gbm, rf, ...), or, for the transferred model, the other spaces
-        with all of `held_out`'s knobs, those of the same architecture family only where there
+        with all of `held_out`'s knobs, those of the same architecture only where there
         are any (a weaker teacher is not mixed in with a closer one)."""
         others = [s for s in self.all_spaces if s.problem != held_out.problem
                   and not (self.split == "device" and s.device == held_out.device)]
@@ -119,7 +119,7 @@ class _Models:
         return close or same_kernel
 
     def learnt_here(self, kind: str, space: ReplaySpace) -> bool:
-        """Whether a `kind` model for `space` learnt from a device of its architecture family."""
+        """Whether a `kind` model for `space` learnt from a device of its architecture."""
         return any(same_architecture(s.device, space.device) for s in self.sources(kind, space))
 
     def _train(self, kind: str, held_out: ReplaySpace) -> Any:
@@ -192,10 +192,11 @@ def _online_priors(space: ReplaySpace, models: _Models) -> tuple[np.ndarray, dic
     features exist, else the knob heuristic) and the others as opinions; the search adds the
     knob heuristic.
 
-    A learned model leads only where it learnt from a device of the space's architecture family
-    (`same_architecture`); learnt on other families only (an NVIDIA-trained model on an AMD GPU),
-    it is one more opinion and a heuristic leads: which thread counts and tile shapes are fast
-    differs across families, and a wrong given prior costs the initial design and the prior
+    A learned model leads only where it learnt from a device of the space's architecture
+    (`same_architecture`: vendor and generation); learnt on other architectures only (a model
+    learnt on NVIDIA Turing GPUs on an Ampere or an AMD one), it is one more opinion and a
+    heuristic leads: which thread counts and tile shapes are fast differs across architectures,
+    and a wrong given prior costs the initial design and the prior
     steps before the run's own measurements outvote it (docs/search.md part 7)."""
     candidates = {"gbm": models.scores("gbm", space), "transfer": models.transfer(space)}
     if space.features is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -91,6 +92,20 @@ KT_DEVICES: dict[str, TargetScalars] = {
     "7900 xt": _amd_rdna(84, 1536), "7900 xtx": _amd_rdna(96, 1536),
 }
 
+#: The architecture generation of each `KT_DEVICES` key (what `same_architecture` compares).
+KT_GENERATIONS: dict[str, str] = {
+    **dict.fromkeys(["2080 ti", "titan rtx", "2080 super", "2080", "2070", "t4"], "nvidia turing"),
+    **dict.fromkeys(["v100", "titan v"], "nvidia volta"),
+    **dict.fromkeys(["a4000", "a5000", "a6000", "3090", "3080", "3070", "3060", "a10", "a40",
+                     "a100", "a30"], "nvidia ampere"),
+    **dict.fromkeys(["4090", "4080", "4070", "l40", "l40s", "l4"], "nvidia ada"),
+    **dict.fromkeys(["h100", "h200"], "nvidia hopper"),
+    **dict.fromkeys(["mi50", "mi60"], "amd gcn5"), "mi100": "amd cdna1",
+    **dict.fromkeys(["mi210", "mi250", "mi250x"], "amd cdna2"), "mi300x": "amd cdna3",
+    **dict.fromkeys(["w6600", "w6800", "6800", "6800 xt", "6900 xt"], "amd rdna2"),
+    **dict.fromkeys(["w7700", "w7800", "w7900", "7900 xt", "7900 xtx"], "amd rdna3"),
+}
+
 #: Facts the user gave for a device (`register_device`), consulted before `KT_DEVICES`.
 USER_DEVICES: dict[str, TargetScalars] = {}
 
@@ -104,15 +119,29 @@ def register_device(name: str, facts: TargetScalars) -> None:
     USER_DEVICES[name.strip().lower()] = facts
 
 
+def _device_key(table: Mapping[str, object], device_name: str) -> str | None:
+    """The longest key of `table` that names `device_name`."""
+    wanted = device_name.lower()
+    for key in sorted(table, key=len, reverse=True):
+        # "a4000" must not match "a40000", nor "t4" match "rtx 4090": whole model numbers only.
+        if re.search(rf"(?<![0-9a-z]){re.escape(key)}(?![0-9a-z])", wanted):
+            return key
+    return None
+
+
 def device_facts(device_name: str) -> TargetScalars | None:
     """Hardware scalars of a device, or None when neither the user nor the table knows it."""
-    wanted = device_name.lower()
     for table in (USER_DEVICES, KT_DEVICES):
-        for key in sorted(table, key=len, reverse=True):
-            # "a4000" must not match "a40000", nor "t4" match "rtx 4090": whole model numbers only.
-            if re.search(rf"(?<![0-9a-z]){re.escape(key)}(?![0-9a-z])", wanted):
-                return table[key]
+        key = _device_key(table, device_name)
+        if key is not None:
+            return table[key]
     return None
+
+
+def device_generation(device_name: str) -> str | None:
+    """The architecture generation of a device in the table ("nvidia ampere"), else None."""
+    key = _device_key(KT_DEVICES, device_name)
+    return None if key is None else KT_GENERATIONS[key]
 
 
 _VENDORS = {
@@ -129,15 +158,19 @@ def device_vendor(device_name: str) -> str | None:
 
 
 def same_architecture(a: str, b: str) -> bool:
-    """Whether two devices share an architecture family: the same vendor and, where the facts of
-    both are known, the same subgroup (warp / wavefront) width; a device whose vendor is unknown
-    matches only a device of the same name. What is fast on one family (thread counts, tile
-    shapes) need not be on another: learned orders transfer within a family, not across."""
+    """Whether two devices share an architecture: the same vendor and the same generation (Turing,
+    Ampere, CDNA2, RDNA3, ...) where both are in the table, else the same subgroup (warp /
+    wavefront) width where the facts of both are known; a device whose vendor is unknown matches
+    only a device of the same name. What is fast on one architecture (thread counts, tile shapes)
+    need not be on another: learned orders transfer within one, not across."""
     if a == b:
         return True
     vendor = device_vendor(a)
     if vendor is None or vendor != device_vendor(b):
         return False
+    generation_a, generation_b = device_generation(a), device_generation(b)
+    if generation_a is not None and generation_b is not None:
+        return generation_a == generation_b
     facts_a, facts_b = device_facts(a), device_facts(b)
     return facts_a is None or facts_b is None or facts_a.subgroup_size == facts_b.subgroup_size
 

@@ -258,3 +258,12 @@ def test_a_cache_left_open_by_an_interrupted_run_loads(tmp_path: Path, tail: str
     path.write_text(body + tail)
     space = load_kerneltuner(path)
     assert len(space.table) == len(data["cache"]) and "open Kernel Tuner cache" in caplog.text
+
+
+def test_every_device_in_the_table_has_a_generation() -> None:
+    from dispatchtune.features.kerneltuner import KT_DEVICES, KT_GENERATIONS, device_generation
+
+    assert set(KT_GENERATIONS) == set(KT_DEVICES)
+    assert device_generation("NVIDIA GeForce RTX 2080 Ti") == "nvidia turing"
+    assert device_generation("AMD Radeon PRO W7700") == "amd rdna3"
+    assert device_generation("Some Future GPU") is None
