@@ -26,6 +26,7 @@ Orders:
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
 from dispatchtune.features.kerneltuner import same_architecture
 from dispatchtune.features.spaces import has_features, space_features
+
+logger = logging.getLogger(__name__)
 
 #: The orderings the harness replays (not the tuner's `--order` choices, `tuner.loop.TUNE_ORDERS`).
 EVALUATION_ORDERS = ("random", "heuristic", "knobs", "rf", "gbm", "lambdarank", "online", "tpe")
@@ -203,6 +206,10 @@ def _online_priors(space: ReplaySpace, models: _Models) -> tuple[np.ndarray, dic
         candidates["heuristic"] = _heuristic_scores(space)
     available = {k: v for k, v in candidates.items() if v is not None}
     leaders = [k for k in available if k == "heuristic" or models.learnt_here(k, space)]
+    demoted = [k for k in available if k != "heuristic" and k not in leaders]
+    if demoted:
+        logger.info("%s: %s learnt on other architectures only: one opinion, not the lead",
+                    space.problem, " and ".join(demoted))
     if not leaders:
         return _knob_scores(space), available
     return available.pop(leaders[0]), available

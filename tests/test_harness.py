@@ -110,7 +110,8 @@ def test_a_space_without_features_is_ordered_by_the_knob_heuristic() -> None:
     assert size_knobs(space.knobs) == ["block_size_x", "block_size_y", "tile_size_x", "tile_size_y"]
 
 
-def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead() -> None:
+def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead(
+        caplog: pytest.LogCaptureFixture) -> None:
     # The MI50 (AMD, 64-wide wavefronts) convolution learns from the A4000's (NVIDIA, 32-wide
     # warps): the transferred forest exists but the knob heuristic leads, the forest one opinion.
     spaces = load_replay_spaces([FIXTURES / "kt_conv_a4000_slice.json.gz",
@@ -119,7 +120,9 @@ def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead() -> 
     a4000, mi50 = spaces
     assert [s.device for s in models.sources("transfer", mi50)] == [a4000.device]
     assert not models.learnt_here("transfer", mi50)
-    main, others = _online_priors(mi50, models)
+    with caplog.at_level("INFO", logger="dispatchtune.evaluation.harness"):
+        main, others = _online_priors(mi50, models)
+    assert "transfer learnt on other architectures only" in caplog.text
     np.testing.assert_allclose(main, KnobHeuristicModel().predict(mi50.knobs))
     transferred = models.transfer(mi50)
     assert transferred is not None and set(others) == {"transfer"}
