@@ -9,7 +9,8 @@ space. Enumerations are cached (pickled candidate tables) in --cache.
 
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
-      [--orders heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
+      [--orders model,heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
+      [--no-heuristic-filters]
 Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
 
@@ -242,7 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("specs", type=Path, help="directory of tuning spec .mlir files")
     parser.add_argument("--output-dir", "-o", type=Path, required=True)
-    parser.add_argument("--orders", default="heuristic,random")
+    parser.add_argument("--orders", default="model,heuristic,random",
+                        help="`model` is the installed gfx942 prior, the order `tune` uses there")
     parser.add_argument("--files", default="", help="comma-separated substrings of file names")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
