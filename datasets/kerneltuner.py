@@ -20,7 +20,8 @@ above this layer, in `dispatchtune.features.kerneltuner`.
 
 `problem_size` may be a list or a single int (pnpoly), `device_name` may be empty or any string,
 and parameters of any kernel load: numeric ones as numbers, others (strings) as they are. A cache
-left open by an interrupted tuning run loads with the entries it holds.
+left open by an interrupted tuning run loads with the entries it holds, and an entry without its
+parameters (older caches) takes them from its key.
 
 The GEMM's M and N are the header's `problem_size`; K is not in the header, so it is recovered from
 the measured `GFLOP/s` and `time` (FLOPs = 2*M*N*K), falling back to K = M when those are missing
@@ -36,6 +37,7 @@ import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -167,6 +169,22 @@ def _loads_open_or_closed(text: bytes, path: Path) -> object:
         return data
 
 
+def _with_parameters(cache: dict[str, Any], keys: tuple[str, ...], tune_params: object) -> list[Any]:
+    """The cache's entries, each with every parameter: an entry that lacks one (older caches keep
+    only results in the entry) takes it from its cache key, Kernel Tuner's comma-joined values
+    in `tune_params_keys` order, read back as the `tune_params` value that prints the same."""
+    values = tune_params if isinstance(tune_params, dict) else {}
+    entries: list[Any] = []
+    for cache_key, entry in cache.items():
+        tokens = str(cache_key).split(",")
+        if isinstance(entry, dict) and len(tokens) == len(keys) and not all(k in entry for k in keys):
+            known = {k: {str(v): v for v in values.get(k, []) if not isinstance(v, (dict, list))}
+                     for k in keys}
+            entry = {**{k: known[k].get(t, t) for k, t in zip(keys, tokens, strict=True)}, **entry}
+        entries.append(entry)
+    return entries
+
+
 def _read_json(path: Path) -> dict[str, object]:
     try:
         raw = path.read_bytes()
@@ -200,7 +218,8 @@ def load_kerneltuner(path: str | Path) -> KernelTunerSpace:
     higher = objective_direction(objective, data.get("objective_higher_is_better"))
     wanted = list(dict.fromkeys([*keys, "time", "GFLOP/s", objective]))
     try:
-        table = pd.DataFrame.from_records(list(cache.values()), columns=wanted)
+        entries = _with_parameters(cache, keys, data.get("tune_params"))
+        table = pd.DataFrame.from_records(entries, columns=wanted)
         for key in keys:
             table[key] = _parameter_column(table[key])
     except (TypeError, ValueError) as exc:
