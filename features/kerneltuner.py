@@ -161,10 +161,11 @@ def same_architecture(a: str, b: str) -> bool:
     """Whether two devices share an architecture: the same vendor and the same generation (Turing,
     Ampere, CDNA2, RDNA3, ...) where both are in the table, else the same subgroup (warp /
     wavefront) width where the facts of both are known; a device whose vendor is unknown matches
-    only a device of the same name. What is fast on one architecture (thread counts, tile shapes)
-    need not be on another: learned orders transfer within one, not across."""
+    only a device of the same name (an empty name matches none). What is fast on one
+    architecture (thread counts, tile shapes) need not be on another: learned orders transfer
+    within one, not across."""
     if a == b:
-        return True
+        return bool(a.strip())
     vendor = device_vendor(a)
     if vendor is None or vendor != device_vendor(b):
         return False

@@ -142,6 +142,7 @@ def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead(
     ("my lab GPU", "my lab GPU", True),
     ("my lab GPU", "NVIDIA RTX A4000", False),
     ("", "NVIDIA RTX A4000", False),
+    ("", "", False),  # two caches without a device name may come from any two GPUs
 ])
 def test_same_architecture_is_vendor_and_generation(a: str, b: str, same: bool) -> None:
     assert same_architecture(a, b) is same
