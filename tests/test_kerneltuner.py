@@ -272,17 +272,19 @@ def test_every_device_in_the_table_has_a_generation() -> None:
 
 def test_entries_without_parameters_take_them_from_the_cache_key(tmp_path: Path) -> None:
     # Older caches keep only results in each entry; the key holds the values ("16,1", "32,2").
+    cache: dict[str, dict[str, object]] = {
+        "16,none": {"time": 2.0}, "32,bisect": {"time": 1.0},
+        "32,none": {"block_size_x": 32, "use_method": "none", "time": 3.0}}
     data = {"device_name": "NVIDIA RTX A4000", "kernel_name": "k", "problem_size": 64,
             "tune_params_keys": ["block_size_x", "use_method"],
             "tune_params": {"block_size_x": [16, 32], "use_method": ["none", "bisect"]},
-            "cache": {"16,none": {"time": 2.0}, "32,bisect": {"time": 1.0},
-                      "32,none": {"block_size_x": 32, "use_method": "none", "time": 3.0}}}
+            "cache": cache}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     table = load_kerneltuner(path).table
     assert table["block_size_x"].tolist() == [16, 32, 32] and table["block_size_x"].dtype.kind == "i"
     assert table["use_method"].tolist() == ["none", "bisect", "none"]
-    data["cache"]["64"] = {"time": 1.0}  # neither in the entry nor in a key of the right shape
+    cache["64"] = {"time": 1.0}  # neither in the entry nor in a key of the right shape
     path.write_text(json.dumps(data))
     with pytest.raises(DispatchTuneError, match="corrupt Kernel Tuner cache"):
         load_kerneltuner(path)
