@@ -174,13 +174,17 @@ def _with_parameters(cache: dict[str, Any], keys: tuple[str, ...], tune_params: 
     only results in the entry) takes it from its cache key, Kernel Tuner's comma-joined values
     in `tune_params_keys` order, read back as the `tune_params` value that prints the same."""
     values = tune_params if isinstance(tune_params, dict) else {}
+    known: dict[str, dict[str, Any]] | None = None  # printed value -> value, built when needed
     entries: list[Any] = []
     for cache_key, entry in cache.items():
-        tokens = str(cache_key).split(",")
-        if isinstance(entry, dict) and len(tokens) == len(keys) and not all(k in entry for k in keys):
-            known = {k: {str(v): v for v in values.get(k, []) if not isinstance(v, (dict, list))}
-                     for k in keys}
-            entry = {**{k: known[k].get(t, t) for k, t in zip(keys, tokens, strict=True)}, **entry}
+        if isinstance(entry, dict) and not all(k in entry for k in keys):
+            tokens = str(cache_key).split(",")
+            if len(tokens) == len(keys):
+                if known is None:
+                    known = {k: {str(v): v for v in values.get(k, [])
+                                 if not isinstance(v, (dict, list))} for k in keys}
+                entry = {**{k: known[k].get(t, t) for k, t in zip(keys, tokens, strict=True)},
+                         **entry}
         entries.append(entry)
     return entries
 

@@ -64,47 +64,44 @@ def _amd_rdna(cus: int, vgprs: int) -> TargetScalars:
 #: "compute capabilities" table, for SM counts and shared memory per block; AMD product pages and
 #: the Vega/CDNA/RDNA ISA manuals for CU counts, LDS and VGPRs). Matched by the longest key that occurs
 #: in `device_name` (case-insensitive, not inside a longer model number); facts given by the
-#: user (`register_device`) take precedence.
-KT_DEVICES: dict[str, TargetScalars] = {
+#: user (`register_device`) take precedence. Grouped by architecture generation.
+_GENERATIONS: dict[str, dict[str, TargetScalars]] = {
     # Turing (CC 7.5): 64 KiB shared memory per block.
-    "2080 ti": _nvidia(68, 64), "titan rtx": _nvidia(72, 64), "2080 super": _nvidia(48, 64),
-    "2080": _nvidia(46, 64), "2070": _nvidia(36, 64), "t4": _nvidia(40, 64),
+    "nvidia turing": {
+        "2080 ti": _nvidia(68, 64), "titan rtx": _nvidia(72, 64), "2080 super": _nvidia(48, 64),
+        "2080": _nvidia(46, 64), "2070": _nvidia(36, 64), "t4": _nvidia(40, 64)},
     # Volta (CC 7.0): 96 KiB.
-    "v100": _nvidia(80, 96), "titan v": _nvidia(80, 96),
-    # Ampere GA10x (CC 8.6): 99 KiB per block (100 KiB per SM); A100 (CC 8.0): 163 KiB (164).
-    "a4000": _nvidia(48, 100), "a5000": _nvidia(64, 100), "a6000": _nvidia(84, 100),
-    "3090": _nvidia(82, 100), "3080": _nvidia(68, 100), "3070": _nvidia(46, 100),
-    "3060": _nvidia(28, 100), "a10": _nvidia(72, 100), "a40": _nvidia(84, 100),
-    "a100": _nvidia(108, 164), "a30": _nvidia(56, 164),
-    # Ada (CC 8.9): 99 KiB per block; Hopper H100 SXM5 / H200 (CC 9.0): 227 KiB (228).
-    "4090": _nvidia(128, 100), "4080": _nvidia(76, 100), "4070": _nvidia(46, 100),
-    "l40": _nvidia(142, 100), "l40s": _nvidia(142, 100), "l4": _nvidia(58, 100),
-    "h100": _nvidia(132, 228), "h200": _nvidia(132, 228),
+    "nvidia volta": {"v100": _nvidia(80, 96), "titan v": _nvidia(80, 96)},
+    # Ampere GA10x (CC 8.6): 99 KiB per block (100 KiB per SM); A100/A30 (CC 8.0): 163 KiB (164).
+    "nvidia ampere": {
+        "a4000": _nvidia(48, 100), "a5000": _nvidia(64, 100), "a6000": _nvidia(84, 100),
+        "3090": _nvidia(82, 100), "3080": _nvidia(68, 100), "3070": _nvidia(46, 100),
+        "3060": _nvidia(28, 100), "a10": _nvidia(72, 100), "a40": _nvidia(84, 100),
+        "a100": _nvidia(108, 164), "a30": _nvidia(56, 164)},
+    # Ada (CC 8.9): 99 KiB per block.
+    "nvidia ada": {
+        "4090": _nvidia(128, 100), "4080": _nvidia(76, 100), "4070": _nvidia(46, 100),
+        "l40": _nvidia(142, 100), "l40s": _nvidia(142, 100), "l4": _nvidia(58, 100)},
+    # Hopper H100 SXM5 / H200 (CC 9.0): 227 KiB (228).
+    "nvidia hopper": {"h100": _nvidia(132, 228), "h200": _nvidia(132, 228)},
     # AMD: Vega 20 (MI50 60 CUs, MI60 64: a shared "MI50/MI60" name reads as the MI50), CDNA 1-3.
     # An MI250(X) is two dies, each its own HIP device of 104 (110) CUs.
-    "mi50": _amd_cdna(60, 256), "mi60": _amd_cdna(64, 256), "mi100": _amd_cdna(120, 256),
-    "mi210": _amd_cdna(104, 512), "mi250": _amd_cdna(104, 512), "mi250x": _amd_cdna(110, 512),
-    "mi300x": _amd_cdna(304, 512),
+    "amd gcn5": {"mi50": _amd_cdna(60, 256), "mi60": _amd_cdna(64, 256)},
+    "amd cdna1": {"mi100": _amd_cdna(120, 256)},
+    "amd cdna2": {"mi210": _amd_cdna(104, 512), "mi250": _amd_cdna(104, 512),
+                  "mi250x": _amd_cdna(110, 512)},
+    "amd cdna3": {"mi300x": _amd_cdna(304, 512)},
     # RDNA 2 (Navi 21/23) and RDNA 3 (Navi 31/32) workstation and desktop cards.
-    "w6600": _amd_rdna(28, 1024), "w6800": _amd_rdna(60, 1024), "6800": _amd_rdna(60, 1024),
-    "6800 xt": _amd_rdna(72, 1024), "6900 xt": _amd_rdna(80, 1024),
-    "w7700": _amd_rdna(48, 1536), "w7800": _amd_rdna(70, 1536), "w7900": _amd_rdna(96, 1536),
-    "7900 xt": _amd_rdna(84, 1536), "7900 xtx": _amd_rdna(96, 1536),
+    "amd rdna2": {
+        "w6600": _amd_rdna(28, 1024), "w6800": _amd_rdna(60, 1024), "6800": _amd_rdna(60, 1024),
+        "6800 xt": _amd_rdna(72, 1024), "6900 xt": _amd_rdna(80, 1024)},
+    "amd rdna3": {
+        "w7700": _amd_rdna(48, 1536), "w7800": _amd_rdna(70, 1536), "w7900": _amd_rdna(96, 1536),
+        "7900 xt": _amd_rdna(84, 1536), "7900 xtx": _amd_rdna(96, 1536)},
 }
-
+KT_DEVICES: dict[str, TargetScalars] = {k: f for table in _GENERATIONS.values() for k, f in table.items()}
 #: The architecture generation of each `KT_DEVICES` key (what `same_architecture` compares).
-KT_GENERATIONS: dict[str, str] = {
-    **dict.fromkeys(["2080 ti", "titan rtx", "2080 super", "2080", "2070", "t4"], "nvidia turing"),
-    **dict.fromkeys(["v100", "titan v"], "nvidia volta"),
-    **dict.fromkeys(["a4000", "a5000", "a6000", "3090", "3080", "3070", "3060", "a10", "a40",
-                     "a100", "a30"], "nvidia ampere"),
-    **dict.fromkeys(["4090", "4080", "4070", "l40", "l40s", "l4"], "nvidia ada"),
-    **dict.fromkeys(["h100", "h200"], "nvidia hopper"),
-    **dict.fromkeys(["mi50", "mi60"], "amd gcn5"), "mi100": "amd cdna1",
-    **dict.fromkeys(["mi210", "mi250", "mi250x"], "amd cdna2"), "mi300x": "amd cdna3",
-    **dict.fromkeys(["w6600", "w6800", "6800", "6800 xt", "6900 xt"], "amd rdna2"),
-    **dict.fromkeys(["w7700", "w7800", "w7900", "7900 xt", "7900 xtx"], "amd rdna3"),
-}
+KT_GENERATIONS: dict[str, str] = {k: g for g, table in _GENERATIONS.items() for k in table}
 
 #: Facts the user gave for a device (`register_device`), consulted before `KT_DEVICES`.
 USER_DEVICES: dict[str, TargetScalars] = {}
