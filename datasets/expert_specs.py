@@ -13,11 +13,18 @@ IREE's Python bindings. Older syntax is mapped by meaning first:
   carry workgroup tiles, reduction loops reduction tiles), `#iree_gpu.mma_schedule<intrinsic =
   ..., subgroup_m_count, subgroup_n_count>` and intrinsic names `MFMA_<in>_MxNxK_<out>`.
 Dynamic sizes (`dims_equal [-1, ...]`, `tensor<?x...>`) become `dynamic_size` (2: the SDXL batch).
-Attention matchers name no shape (any f16 `online_attention`, some with static dims or
-`dim_is_multiple_of`): each becomes one entry per SDXL attention shape it matches
-(`SDXL_ATTENTION_SHAPES`), with its `decomposition_config` (intrinsic, subgroup basis) read with
-IREE's bindings. Matchers the project cannot rebuild (transform-dialect scripts) are kept with a
-reason.
+Ops are rebuilt from IREE 3.13's matcher ops (`transform.iree.match.contraction` / `convolution`
+/ `attention` / `online_attention`: indexing maps, element types, `dims_equal` per dimension
+class, as IREE's tuner and dispatchtune's own specs write them), from DAG matchers
+(`cast_compatible_dag_from_root`) and from 2024 named-op matchers. A convolution configured as an
+implicit GEMM (tile lists shorter than its loops) is read in IREE's IGEMM loops; unit loops IREE
+folds (batch 1) are dropped when the lists are that much shorter. Attention matchers that name
+no size (any f16 `online_attention`, some with static dims or `dim_is_multiple_of`) become one
+entry per SDXL attention shape they match (`SDXL_ATTENTION_SHAPES`); those with `dims_equal`
+are the one attention they name, in their own layout. Either way the `decomposition_config`
+(intrinsic, subgroup basis) is read with IREE's bindings. A file that matches one op twice with
+one configuration (attention in both forms) counts it once. Matchers the project cannot rebuild
+(transform-dialect scripts) are kept with a reason.
 
 Spec files are read as a hostile reader would: text only (nothing is executed), `//` comments
 dropped, every matcher (a named sequence that yields a configuration) either becomes an entry or
@@ -42,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatchtune.errors import InputError
-from dispatchtune.problem import Problem
+from dispatchtune.problem import DIM_CLASSES, Problem
 
 #: Size given to dynamic dimensions: SDXL/punet specs are tuned for batch 2 (classifier-free
 #: guidance), and IREE's collapsed static shapes in the README (2x1024 -> 2048) agree.
@@ -262,19 +269,14 @@ def _matcher_problem(body: str, name: str, helpers: Mapping[str, str]) -> Proble
     """Rebuild the op a matcher names, from whichever matching form it uses."""
     if "online_attention" in body or "iree_linalg_ext.attention" in body:
         return None
+    if "transform.iree.match.convolution" in body:
+        head, sizes = _match_op(body, "convolution")
+        return convolution_problem(_indexing_maps(head)[:3], sizes,
+                                   _types(head, ("lhs", "rhs", "output")), name)
     if "transform.iree.match.contraction" in body:
-        head = body.split("transform.iree.match.contraction", 1)[1]
-        types = [re.search(rf"{k}_type\s*=\s*(\w+)", head).group(1)  # type: ignore[union-attr]
-                 for k in ("lhs", "rhs", "output")]
+        head, sizes = _match_op(body, "contraction")
+        types = _types(head, ("lhs", "rhs", "output"))
         maps = _MAP_TEXT.findall(head)[:3]
-        # The op's results name the dimension classes in order: batch, m, n, k.
-        results = re.search(r"((?:%\w+\s*,\s*){3}%\w+)\s*=\s*transform\.iree\.match\.contraction", body)
-        names = re.findall(r"%(\w+)", results.group(1)) if results else []
-        by_value = dict(zip(names, ("batch", "m", "n", "k"), strict=False))
-        sizes = {
-            by_value.get(value, value): _ints(v)
-            for value, v in re.findall(r"dims_equal\s+%(\w+),\s*\[([^\]]*)\]", body)
-        }
         probe = contraction_problem(maps, _unit_shapes(maps), types)
         loop_sizes = [-1] * len(probe.loop_sizes)
         for cls in ("batch", "m", "n", "k"):
@@ -304,6 +306,173 @@ def _matcher_problem(body: str, name: str, helpers: Mapping[str, str]) -> Proble
     return None
 
 
+#: What each `transform.iree.match.<op>` returns, in order: its dimension lists by class.
+_MATCH_RESULTS: dict[str, tuple[str, ...]] = {
+    "contraction": ("batch", "m", "n", "k"),
+    "convolution": (*DIM_CLASSES["convolution"], "strides", "dilations"),
+    "attention": DIM_CLASSES["attention"],
+    "online_attention": DIM_CLASSES["attention"],
+}
+
+
+def _match_op(body: str, op: str) -> tuple[str, dict[str, tuple[int, ...]]]:
+    """The text after `transform.iree.match.<op>`, and the sizes its results' `dims_equal`
+    checks name, by dimension class (a value the op does not name keeps its own name)."""
+    head = body.split(f"transform.iree.match.{op}", 1)[1]
+    results = re.search(rf"((?:%\w+\s*,\s*)*%\w+)\s*=\s*transform\.iree\.match\.{op}\b", body)
+    names = re.findall(r"%(\w+)", results.group(1)) if results else []
+    by_value = dict(zip(names, _MATCH_RESULTS[op], strict=False))
+    sizes = {
+        by_value.get(value, value): _ints(v)
+        for value, v in re.findall(r"dims_equal\s+%(\w+),\s*\[([^\]]*)\]", body)
+    }
+    return head, sizes
+
+
+def _types(head: str, operands: tuple[str, ...]) -> list[str]:
+    """The `<operand>_type = T` element types of a match op, in the order asked."""
+    found = [re.search(rf"\b{k}_type\s*=\s*(\w+)", head) for k in operands]
+    missing = [k for k, m in zip(operands, found, strict=True) if m is None]
+    if missing:
+        raise InputError(f"the matcher names no {missing[0]}_type")
+    return [m.group(1) for m in found if m is not None]
+
+
+def _indexing_maps(head: str) -> list[str]:
+    """The affine maps of a match op's `indexing_maps = [...]` (aliases already inlined)."""
+    listed = re.search(r"indexing_maps\s*=\s*\[(.*?)\]", head, re.DOTALL)
+    return _MAP_TEXT.findall(listed.group(1)) if listed else []
+
+
+def _affine_maps(maps: list[str]) -> list[Any]:
+    from iree.compiler import ir
+
+    return [ir.AffineMapAttr(ir.Attribute.parse(m)).value for m in maps]
+
+
+def _extent(expr: Any, sizes: list[int]) -> int:
+    """How many positions an operand dimension indexed by `expr` spans: its largest value over
+    the loops, plus one (`d1 * 2 + d4` over 32 and 3 loop steps: 65)."""
+    from iree.compiler import ir
+
+    def largest(e: Any) -> int:
+        if isinstance(e, ir.AffineDimExpr):
+            return sizes[e.position] - 1
+        if isinstance(e, ir.AffineConstantExpr):
+            return int(e.value)
+        if isinstance(e, ir.AffineAddExpr):
+            return largest(e.lhs) + largest(e.rhs)
+        if isinstance(e, ir.AffineMulExpr):  # a loop times a constant stride or dilation
+            return largest(e.lhs) * largest(e.rhs)
+        raise InputError(f"unsupported index expression {e}")
+
+    return largest(expr) + 1
+
+
+def _sized_loops(
+    classes: Mapping[str, tuple[int, ...]], sizes: Mapping[str, tuple[int, ...]], n_loops: int,
+    name: str, known: Mapping[int, int] | None = None,
+) -> list[int]:
+    """Each loop's size from the named sizes of its class (then `known`); unnamed batch loops
+    are dynamic (`DYNAMIC_SIZE`), any other unnamed loop is an error."""
+    loop_sizes = [-1] * n_loops
+    for cls, loops in classes.items():
+        for loop, size in zip(loops, sizes.get(cls, ()), strict=False):
+            loop_sizes[loop] = size
+    for loop, size in (known or {}).items():
+        if loop_sizes[loop] <= 0 < size:
+            loop_sizes[loop] = size
+    batch = set(classes.get("batch", ()))
+    for loop, size in enumerate(loop_sizes):
+        if size <= 0:
+            if loop not in batch:
+                raise InputError(f"{name}: the matcher names no size for loop d{loop}")
+            loop_sizes[loop] = DYNAMIC_SIZE
+    return loop_sizes
+
+
+def convolution_problem(
+    maps: list[str], sizes: Mapping[str, tuple[int, ...]], types: list[str], name: str = ""
+) -> Problem:
+    """A convolution from its indexing maps (MLIR text) and the sizes its matcher names per
+    dimension class (`transform.iree.match.convolution` + `dims_equal`); strides and dilations
+    come from the maps."""
+    from iree.compiler.dialects import linalg
+
+    if len(maps) != 3:
+        raise InputError(f"{name}: expected three affine maps, got {len(maps)}")
+    with _context():
+        affine = _affine_maps(maps)
+        inferred = linalg.infer_convolution_dimensions_from_maps(affine)
+        if inferred is None:
+            raise InputError(f"{name}: the indexing maps are not a convolution's")
+        classes = {c: tuple(int(i) for i in getattr(inferred, c)) for c in DIM_CLASSES["convolution"]}
+        strides = tuple(int(v) for v in inferred.strides)
+        dilations = tuple(int(v) for v in inferred.dilations)
+        loop_sizes = _sized_loops(classes, sizes, affine[0].n_dims, name)
+        shapes = tuple(tuple(_extent(e, loop_sizes) for e in m.results) for m in affine)
+        texts = tuple(str(m) for m in affine)
+    return Problem(
+        kind="convolution", loop_sizes=tuple(loop_sizes), dims=classes,
+        element_types=tuple(types), operand_shapes=shapes, indexing_maps=texts,
+        strides=strides, dilations=dilations, op_name="linalg.generic", name=name,
+    )
+
+
+def _named_attention_problem(body: str, name: str) -> Problem | None:
+    """The attention a matcher names by size (`dims_equal` on the match op's results), in its own
+    layout; None when it names no size (a shape-free matcher)."""
+    from iree.compiler.dialects import iree_codegen
+
+    op = "online_attention" if "transform.iree.match.online_attention" in body else "attention"
+    if f"transform.iree.match.{op}" not in body:
+        return None
+    head, sizes = _match_op(body, op)
+    if not any(c in sizes for c in DIM_CLASSES["attention"]):
+        return None
+    maps = _indexing_maps(head)
+    # attention: Q, K, V, scale, [mask], O; online_attention adds the running max and sum.
+    masked = len(maps) == (8 if op == "online_attention" else 6)
+    if len(maps) < 5:
+        raise InputError(f"{name}: expected the attention's indexing maps, got {len(maps)}")
+    q_type, k_type, v_type = _types(head, ("query", "key", "value"))
+    # The online form's output is the f32 accumulator; the op it came from writes V's type.
+    out_type = v_type if op == "online_attention" else _types(head, ("output",))[0]
+    casts = _operand_casts(body)
+    if masked and 4 not in casts:
+        raise InputError(f"{name}: an attention with a mask, but the matcher names no mask type")
+    with _context():
+        affine = _affine_maps(maps)
+        q, k, v, o = affine[0], affine[1], affine[2], affine[5 if masked else 4]
+        detail = iree_codegen.get_attention_op_detail(q, k, v, o)
+        classes = {"batch": detail.batch_dims, "m": detail.m_dims, "n": detail.n_dims,
+                   "k1": detail.k1_dims, "k2": detail.k2_dims}
+        classes = {c: tuple(int(i) for i in loops) for c, loops in classes.items()}
+        # Static operand dims (`cast_compatible_type`) size the loops no `dims_equal` names.
+        known = {int(e.position): size for index, amap in enumerate(affine[:3])
+                 for e, size in zip(amap.results, casts.get(index, ((), ""))[0], strict=False)}
+        loop_sizes = _sized_loops(classes, sizes, int(detail.domain_rank), name, known)
+        operands = (q, k, v, o)
+        shapes = tuple(tuple(_extent(e, loop_sizes) for e in m.results) for m in operands)
+        texts = tuple(str(m) for m in operands)
+        mask_map = str(affine[4]) if masked else ""
+    return Problem(
+        kind="attention", loop_sizes=tuple(loop_sizes), dims=classes,
+        element_types=(q_type, k_type, v_type, out_type), operand_shapes=shapes,
+        indexing_maps=texts, mask_map=mask_map, mask_type=casts[4][1] if masked else "",
+        op_name="iree_linalg_ext.attention", name=name,
+    )
+
+
+def _operand_casts(body: str) -> dict[int, tuple[tuple[int, ...], str]]:
+    """Operand index -> (shape, element type) of the matcher's `cast_compatible_type` checks."""
+    operands = {v: int(i) for v, i in
+                re.findall(r"%(\w+)\s*=\s*transform\.get_operand\s+%\w+\[(\d+)\]", body)}
+    return {operands[v]: _tensor(t) for v, t in
+            re.findall(r"cast_compatible_type\s+%(\w+)\s*=\s*tensor<([^>]*)>", body)
+            if v in operands}
+
+
 def _unit_shapes(maps: list[str]) -> list[tuple[int, ...]]:
     return [tuple(-1 for _ in _loops(_MAP.search(m).group(2))) for m in maps]  # type: ignore[union-attr]
 
@@ -328,9 +497,7 @@ def _attention_problems(body: str, name: str) -> list[Problem]:
     """The SDXL attention shapes a shape-free attention matcher accepts (Q, K, V checks)."""
     operands = {v: int(i) for v, i in
                 re.findall(r"%(\w+)\s*=\s*transform\.get_operand\s+%\w+\[(\d+)\]", body)}
-    casts = {operands[v]: _tensor(t) for v, t in
-             re.findall(r"cast_compatible_type\s+%(\w+)\s*=\s*tensor<([^>]*)>", body)
-             if v in operands}
+    casts = _operand_casts(body)
     multiples = [(operands[v], int(d), int(n)) for v, d, n in
                  re.findall(r"dim_is_multiple_of\s+%(\w+)\[(\d+)\],\s*(\d+)", body)
                  if v in operands]
@@ -391,14 +558,16 @@ def _attention_entries(file: str, name: str, body: str, config_text: str) -> lis
     if "TransformDialectCodegen" in body or decomposition is None:
         return [ExpertEntry(file, name, skipped="attention: transform-dialect script, no config")]
     try:
-        problems = _attention_problems(body, name)
+        named = _named_attention_problem(body, name)
+        problems = [named] if named is not None else _attention_problems(body, name)
     except Exception as exc:  # any rebuild failure is reported for this matcher alone
         return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {_reason(exc)}")]
     if not problems:
         return [ExpertEntry(file, name, skipped="attention: matches none of the SDXL shapes")]
     entries = []
     for problem in problems:
-        label = f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
+        # A shape-free matcher stands for several dispatches: each entry names its shape.
+        label = name if named is not None else f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
         try:
             config = _parse_attention(config_text, decomposition.group(1), problem)
             entry = ExpertEntry(file, label, problem, config)
@@ -497,8 +666,11 @@ def _parse_current(text: str, problem: Problem) -> ExpertConfig:
         raise InputError("no intrinsic (mma_kind) in the configuration")
     shape = _mma_shape(intrinsic)
     if pipeline == "TileAndFuse":
-        # TileAndFuse states reduction and subgroup tiles in intrinsics, not elements.
-        reduction = tuple(r * shape[2] for r in reduction)
+        # TileAndFuse states the innermost K loop's reduction tile in intrinsics, not elements
+        # (a convolution's filter loops stay in elements).
+        k_loops = _gemm_view(problem, len(reduction))[0]["k"]
+        inner = max(k_loops, default=-1)
+        reduction = tuple(r * shape[2] if i == inner else r for i, r in enumerate(reduction))
     counts = ((named.get("subgroup_m_count", 1), named.get("subgroup_n_count", 1))
               if named and not counts_per_loop else
               _subgroup_counts(problem, pipeline, workgroup, shape, counts_per_loop, subgroup))
@@ -552,12 +724,12 @@ def _subgroup_counts(
     subgroup: tuple[int, ...],
 ) -> tuple[int, int]:
     """(M, N) subgroups from per-loop data: basis counts, or TileAndFuse subgroup tiles."""
-    classes = _classes(problem)
+    classes, sizes = _gemm_view(problem, len(workgroup))
     m_loops, n_loops = classes["m"], classes["n"]
     if pipeline == "TileAndFuse" and subgroup:
         # Subgroups along a class = workgroup tile / (subgroup tile in intrinsics * intrinsic).
-        tm = _tile(workgroup, m_loops, problem)
-        tn = _tile(workgroup, n_loops, problem)
+        tm = _tile(workgroup, m_loops, sizes)
+        tn = _tile(workgroup, n_loops, sizes)
         sm = _subgroup_elements(subgroup, m_loops, mma[0])
         sn = _subgroup_elements(subgroup, n_loops, mma[1])
         return max(tm // sm, 1), max(tn // sn, 1)
@@ -574,8 +746,67 @@ def _subgroup_elements(subgroup: tuple[int, ...], loops: tuple[int, ...], intrin
     return math.prod(sizes)
 
 
-def _tile(entries: tuple[int, ...], loops: tuple[int, ...], problem: Problem) -> int:
-    return math.prod((entries[i] or problem.loop_sizes[i]) for i in loops)
+def _tile(entries: tuple[int, ...], loops: tuple[int, ...], sizes: tuple[int, ...]) -> int:
+    return math.prod((entries[i] or sizes[i]) for i in loops)
+
+
+def _gemm_view(
+    problem: Problem, n_entries: int
+) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """The loops a configuration's tile lists index, by GEMM-view class, and their sizes.
+
+    The op's own loops, or for a convolution configured as an implicit GEMM IREE's IGEMM loops;
+    either without its unit-extent loops when the lists are that much shorter (IREE folds unit
+    dimensions, e.g. batch 1, before configuring the op)."""
+    views = [(_classes(problem), problem.loop_sizes)]
+    if problem.kind == "convolution" and n_entries != len(problem.loop_sizes):
+        views.append(_igemm_view(problem.to_mlir(), problem.key))
+    for classes, sizes in views:
+        if len(sizes) == n_entries or problem.kind == "attention":
+            return classes, sizes
+        kept = [i for i, size in enumerate(sizes) if size != 1]
+        if len(kept) == n_entries:
+            renumber = {old: new for new, old in enumerate(kept)}
+            folded = {c: tuple(renumber[i] for i in loops if i in renumber)
+                      for c, loops in classes.items()}
+            return folded, tuple(sizes[i] for i in kept)
+    raise InputError(f"{problem.key}: the configuration tiles {n_entries} loops, the op has "
+                     f"{len(problem.loop_sizes)}")
+
+
+@functools.lru_cache(maxsize=64)
+def _igemm_view(
+    module_text: str, key: str
+) -> tuple[dict[str, tuple[int, ...]], tuple[int, ...]]:
+    """A convolution's implicit-GEMM loops as IREE numbers them (`key` names it in errors)."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, linalg
+
+    with _context():
+        module = ir.Module.parse(module_text)
+        found: list[Any] = []
+
+        def visit(op: Any) -> Any:
+            if not found and linalg.isa_convolution_op(op.operation):
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit, ir.WalkOrder.PRE_ORDER)
+        if not found:
+            raise InputError(f"{key}: no convolution to lower as an implicit GEMM")
+        details = iree_codegen.get_igemm_generic_conv_details(found[0])
+        if details is None:
+            raise InputError(f"{key}: IREE has no implicit-GEMM form of this convolution")
+        to_igemm = {int(k): int(v) for k, v in dict(details.conv_to_igemm_dim_map).items()}
+        conv = linalg.infer_convolution_dimensions(found[0])
+        bounds = tuple(int(b) for b in details.igemm_loop_bounds)
+
+    def mapped(*groups: Any) -> tuple[int, ...]:
+        return tuple(sorted({to_igemm[int(d)] for g in groups for d in g}))
+
+    classes = {"b": mapped(conv.depth), "m": mapped(conv.batch, conv.output_image),
+               "n": mapped(conv.output_channel), "k": mapped(conv.filter_loop, conv.input_channel)}
+    return classes, bounds
 
 
 def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
@@ -598,14 +829,14 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
     if entry.problem is None or entry.config is None:
         raise InputError(f"{entry.matcher}: no usable expert configuration ({entry.skipped})")
     problem, config = entry.problem, entry.config
-    classes = _classes(problem)
+    classes, sizes = _gemm_view(problem, len(config.workgroup))
     columns: dict[str, int | str] = {
         "pipeline": config.pipeline,
         "intrinsic": config.intrinsic,
-        "tile_b": _tile(config.workgroup, classes["b"], problem),
-        "tile_m": _tile(config.workgroup, classes["m"], problem),
-        "tile_n": _tile(config.workgroup, classes["n"], problem),
-        "tile_k": _tile(config.reduction, classes["k"], problem),
+        "tile_b": _tile(config.workgroup, classes["b"], sizes),
+        "tile_m": _tile(config.workgroup, classes["m"], sizes),
+        "tile_n": _tile(config.workgroup, classes["n"], sizes),
+        "tile_k": _tile(config.reduction, classes["k"], sizes),
         "subgroups_m": config.subgroup_counts[0],
         "subgroups_n": config.subgroup_counts[1],
         "workgroup_threads": math.prod(config.workgroup_size),
@@ -613,7 +844,7 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
     if problem.kind == "attention":
         # The K2 block is a reduction tile; workgroups are counted over batch, M and value N.
         distributed = (*problem.loops("batch"), *problem.loops("m"), *problem.loops("n"))
-        columns["tile_n"] = _tile(config.reduction, classes["n"], problem)
+        columns["tile_n"] = _tile(config.reduction, classes["n"], sizes)
         columns["tile_k"] = math.prod(problem.loop_sizes[i] for i in classes["k"])
         columns["workgroups"] = math.prod(
             -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
@@ -659,7 +890,23 @@ def load_spec_file(path: str | Path) -> list[ExpertEntry]:
             entries += _sequence_entries(path.name, name, body, helpers)
         except Exception as exc:  # a hostile file: whatever breaks, this matcher alone is skipped
             entries.append(ExpertEntry(path.name, name, skipped=f"unreadable matcher: {_reason(exc)}"))
-    return entries
+    return _without_repeats(entries)
+
+
+def _without_repeats(entries: list[ExpertEntry]) -> list[ExpertEntry]:
+    """One entry per (dispatch, configuration) of a file: a file may match one op twice (e.g.
+    attention and its online form, as dispatchtune's own specs do); later matchers are skipped."""
+    seen: set[tuple[str, ExpertConfig]] = set()
+    kept = []
+    for entry in entries:
+        if entry.problem is not None and entry.config is not None:
+            key = (entry.problem.key, entry.config)
+            if key in seen:
+                entry = ExpertEntry(entry.file, entry.matcher, entry.problem,
+                                    skipped="same dispatch and configuration as an earlier matcher")
+            seen.add(key)
+        kept.append(entry)
+    return kept
 
 
 def _sequence_entries(

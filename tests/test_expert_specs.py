@@ -14,6 +14,7 @@ from dispatchtune.datasets.expert_specs import (
     load_spec_file,
 )
 from dispatchtune.errors import InputError
+from dispatchtune.problem import Problem
 
 FIXTURES = Path(__file__).parent / "fixtures" / "expert_specs"
 
@@ -179,3 +180,81 @@ def test_a_directory_with_an_unreadable_file_keeps_the_others(tmp_path: Path) ->
     bad, good = load_spec_dir(tmp_path)
     assert bad.matcher == "*" and bad.skipped.startswith("unreadable file:")
     assert good.usable
+
+
+@pytest.mark.parametrize(
+    "problem",
+    [
+        # Batch 1: IREE folds the unit loop, so the direct (6 entries) and implicit-GEMM (4)
+        # configurations tile fewer loops than the convolution has (7).
+        Problem.conv2d_nhwc_hwcf(1, 16, 16, 64, 64, 3, 3, "f16", "f16", "f32", stride=2),
+        Problem.matmul(256, 512, 128, "f16", "f16", "f32"),
+        # Not an SDXL shape and not SDXL's layout: read from the matcher's own maps and sizes.
+        Problem.attention(4, 512, 64, 64, 512, "f16"),
+    ],
+    ids=lambda p: p.kind,
+)
+def test_specs_in_iree_3_13_matcher_form_read_back_as_their_candidates(
+    problem: Problem, tmp_path: Path
+) -> None:
+    """A spec as IREE 3.13's bindings print it (`transform.iree.match.contraction` /
+    `convolution` / `online_attention` + `dims_equal`, dispatchtune's own output) reads back as
+    the dispatch it names and the candidate it configures: one per pipeline and lowering."""
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.ir.spec import tuning_spec
+    from dispatchtune.search import enumerate_candidates
+
+    space = enumerate_candidates(problem, "gfx942")
+    firsts = space.table.groupby(["pipeline", "igemm"]).head(1).index
+    assert len(firsts) >= (3 if problem.kind == "convolution" else 1)
+    for row in firsts:
+        path = tmp_path / f"spec_{row}.mlir"
+        path.write_text(tuning_spec([(problem, space.compilation_info(int(row)))]))
+        entries = load_spec_file(path)
+        usable = [e for e in entries if e.usable]
+        assert len(usable) == 1, [e.skipped for e in entries]
+        (entry,) = usable
+        assert entry.problem is not None and entry.problem.key == problem.key
+        assert entry.matcher.startswith("match_")  # one entry, no per-SDXL-shape expansion
+        mask, why = expert_mask(space.table, expert_columns(entry))
+        assert mask[row], why
+    if problem.kind == "attention":
+        # The spec matches attention in both forms: the second matcher is the same expert.
+        assert [e.skipped for e in entries if not e.usable] == [
+            "same dispatch and configuration as an earlier matcher"]
+
+
+_MASKED_ATTENTION = """
+#q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
+#k = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>
+#v = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
+#s = affine_map<(d0, d1, d2, d3, d4) -> ()>
+#mask = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>
+#o = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>
+#row = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @match_masked(%op: !transform.any_op {transform.readonly})
+      -> (!transform.any_op, !transform.any_param, !transform.any_param) {
+    %b, %m, %n, %k1, %k2 = transform.iree.match.online_attention %op, query_type = f16,
+        key_type = f16, value_type = f16, scale_type = f16, output_type = f32, max_type = f32,
+        sum_type = f32, indexing_maps = [#q, #k, #v, #s, #mask, #o, #row, #row]
+        : !transform.any_op -> !transform.param<i64>
+    transform.iree.match.dims_equal %m, [256] : !transform.param<i64>
+    %config = transform.param.constant #iree_codegen.compilation_info<lowering_config =
+        #iree_gpu.lowering_config<{workgroup = [1, 64, 0, 0, 0]}>, translation_info =
+        #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute>
+        workgroup_size = [256] subgroup_size = 64>> -> !transform.any_param
+    %decomposition = transform.param.constant {qk_attrs = {}, pv_attrs = {}} -> !transform.any_param
+    transform.yield %op, %config, %decomposition
+        : !transform.any_op, !transform.any_param, !transform.any_param
+  }
+}
+"""
+
+
+def test_a_masked_attention_matcher_that_names_no_mask_type_is_skipped(tmp_path: Path) -> None:
+    """The matcher names the mask's map but not its element type: skipped, saying so."""
+    path = tmp_path / "masked.mlir"
+    path.write_text(_MASKED_ATTENTION)
+    (entry,) = load_spec_file(path)
+    assert not entry.usable and "names no mask type" in entry.skipped, entry.skipped
