@@ -154,7 +154,8 @@ def measure(
 def summary(frame: pd.DataFrame, orders: Sequence[str], by: str) -> pd.DataFrame:
     """Per group: matchers, in space, and per order the median position/N, share in 1% / 5%."""
     out = []
-    for key, group in frame.groupby(by, dropna=False):
+    # Skipped matchers have no op kind: they form a group of their own, named as such.
+    for key, group in frame.fillna({by: "not read"}).groupby(by):
         placed = group[group["status"] == "in space"]
         row: dict[str, object] = {
             by: key, "matchers": len(group),
