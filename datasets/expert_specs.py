@@ -804,8 +804,10 @@ def _igemm_view(
     def mapped(*groups: Any) -> tuple[int, ...]:
         return tuple(sorted({to_igemm[int(d)] for g in groups for d in g}))
 
+    # No image loops: the implicit GEMM folds them into M (the candidate table's tile_oh is 0).
     classes = {"b": mapped(conv.depth), "m": mapped(conv.batch, conv.output_image),
-               "n": mapped(conv.output_channel), "k": mapped(conv.filter_loop, conv.input_channel)}
+               "n": mapped(conv.output_channel), "k": mapped(conv.filter_loop, conv.input_channel),
+               "image": ()}
     return classes, bounds
 
 
@@ -814,12 +816,13 @@ def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
     if problem.kind == "attention":  # the Q x K^T GEMM view, as `search.gpu`
         return {"b": problem.loops("batch"), "m": problem.loops("m"), "n": problem.loops("k2"),
                 "k": problem.loops("k1")}
-    if problem.kind == "convolution":
+    if problem.kind == "convolution":  # `image`: the output image loops a direct conv tiles
         return {
             "b": problem.loops("depth"),
             "m": (*problem.loops("batch"), *problem.loops("output_image")),
             "n": problem.loops("output_channel"),
             "k": (*problem.loops("filter_loop"), *problem.loops("input_channel")),
+            "image": problem.loops("output_image"),
         }
     return {c[0]: problem.loops(c) for c in ("batch", "m", "n", "k")}
 
@@ -849,6 +852,12 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
         columns["workgroups"] = math.prod(
             -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
             for i in distributed)
+    if problem.kind == "convolution":
+        # How M splits over the output image and the lowering tell convolutions' rows apart.
+        image = classes["image"]
+        columns["igemm"] = int(len(image) == 0)
+        columns["tile_oh"] = _tile(config.workgroup, image[:1], sizes) if len(image) == 2 else 0
+        columns["tile_ow"] = _tile(config.workgroup, image[1:], sizes) if len(image) == 2 else 0
     return columns
 
 

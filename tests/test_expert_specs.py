@@ -216,8 +216,12 @@ def test_specs_in_iree_3_13_matcher_form_read_back_as_their_candidates(
         (entry,) = usable
         assert entry.problem is not None and entry.problem.key == problem.key
         assert entry.matcher.startswith("match_")  # one entry, no per-SDXL-shape expansion
-        mask, why = expert_mask(space.table, expert_columns(entry))
+        columns = expert_columns(entry)
+        mask, why = expert_mask(space.table, columns)
         assert mask[row], why
+        if problem.kind == "convolution":  # the lowering and image split are read too
+            expected = space.table.loc[row, ["igemm", "tile_oh", "tile_ow"]].tolist()
+            assert [columns["igemm"], columns["tile_oh"], columns["tile_ow"]] == expected
     if problem.kind == "attention":
         # The spec matches attention in both forms: the second matcher is the same expert.
         assert [e.skipped for e in entries if not e.usable] == [
