@@ -259,10 +259,57 @@ def _dag_problem(body: str, name: str) -> Problem | None:
         problem = Problem.batch_matmul(b, m, n, k, lhs_type, rhs_type, out_type,
                                        transpose_b=bool(named.group(1)))
         return dataclasses.replace(problem, name=name)
-    if "linalg.generic" not in body or len(args) != 3:
+    maps = _MAP_TEXT.findall(body.split("linalg.generic", 1)[1])[:3] if "linalg.generic" in body \
+        else []
+    if len(args) == 3 and len(maps) == 3 and "*" not in "".join(maps) and "+" not in "".join(maps):
+        return contraction_problem(maps, [a[0] for a in args], [a[1] for a in args], name)
+    # Any other root (a generic convolution, other named convolutions and contractions): the
+    # block is parsed with IREE's bindings and the op classified as IREE does.
+    return _parsed_dag_problem(body, name)
+
+
+def _parsed_dag_problem(body: str, name: str) -> Problem | None:
+    """The root op of a DAG matcher parsed as a function: a contraction or a convolution (the
+    sizes its operands' static dimensions give; dynamic batch loops `DYNAMIC_SIZE`), else None."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import linalg
+
+    start = body.find("{", body.find("cast_compatible_dag_from_root"))
+    region = _braced(body, start)
+    block = re.match(r"\s*\^bb0\((.*?)\):(.*)", region, re.DOTALL)
+    if block is None:
         return None
-    maps = _MAP_TEXT.findall(body.split("linalg.generic", 1)[1])[:3]
-    return contraction_problem(maps, [a[0] for a in args], [a[1] for a in args], name)
+    with _context():
+        module = ir.Module.parse(
+            f"func.func @dag({block.group(1)}) {{\n{block.group(2)}\n  return\n}}")
+        ops = list(module.body.operations[0].regions[0].blocks[0].operations)
+        root = next((op for op in reversed(ops) if op.name.startswith("linalg.")), None)
+        if root is None or not (linalg.isa_contraction_op(root) or linalg.isa_convolution_op(root)):
+            return None
+        maps = [str(attr.value) for attr in linalg.get_indexing_maps(root)]
+        values = [*root.operands][: len(maps) - 1] + [root.results[0]]
+        typed = [_tensor(str(v.type)[len("tensor<"):-1]) for v in values]
+        if linalg.isa_contraction_op(root):
+            return contraction_problem([f"affine_map<{m}>" for m in maps],
+                                       [t[0] for t in typed], [t[1] for t in typed], name)
+        affine = _affine_maps([f"affine_map<{m}>" for m in maps])
+        known = {int(e.position): size for amap, (shape, _) in zip(affine, typed, strict=True)
+                 for e, size in zip(amap.results, shape, strict=True)
+                 if isinstance(e, ir.AffineDimExpr) and size > 0}
+    return convolution_problem([f"affine_map<{m}>" for m in maps], {},
+                               [t[1] for t in typed], name, known)
+
+
+def _braced(text: str, start: int) -> str:
+    """The text inside the `{...}` group opening at `start` (nested braces balanced)."""
+    if start < 0:
+        raise InputError("no '{' after the DAG matcher")
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth == 0:
+            return text[start + 1 : i]
+    raise InputError("unbalanced '{' in the DAG matcher")
 
 
 def _matcher_problem(body: str, name: str, helpers: Mapping[str, str]) -> Problem | None:
@@ -392,11 +439,12 @@ def _sized_loops(
 
 
 def convolution_problem(
-    maps: list[str], sizes: Mapping[str, tuple[int, ...]], types: list[str], name: str = ""
+    maps: list[str], sizes: Mapping[str, tuple[int, ...]], types: list[str], name: str = "",
+    known: Mapping[int, int] | None = None,
 ) -> Problem:
     """A convolution from its indexing maps (MLIR text) and the sizes its matcher names per
-    dimension class (`transform.iree.match.convolution` + `dims_equal`); strides and dilations
-    come from the maps."""
+    dimension class (`transform.iree.match.convolution` + `dims_equal`) or per loop (`known`);
+    strides and dilations come from the maps."""
     from iree.compiler.dialects import linalg
 
     if len(maps) != 3:
@@ -409,7 +457,7 @@ def convolution_problem(
         classes = {c: tuple(int(i) for i in getattr(inferred, c)) for c in DIM_CLASSES["convolution"]}
         strides = tuple(int(v) for v in inferred.strides)
         dilations = tuple(int(v) for v in inferred.dilations)
-        loop_sizes = _sized_loops(classes, sizes, affine[0].n_dims, name)
+        loop_sizes = _sized_loops(classes, sizes, affine[0].n_dims, name, known)
         shapes = tuple(tuple(_extent(e, loop_sizes) for e in m.results) for m in affine)
         texts = tuple(str(m) for m in affine)
     return Problem(
@@ -668,8 +716,9 @@ def _parse_current(text: str, problem: Problem) -> ExpertConfig:
     if pipeline == "TileAndFuse":
         # TileAndFuse states the innermost K loop's reduction tile in intrinsics, not elements
         # (a convolution's filter loops stay in elements).
-        k_loops = _gemm_view(problem, len(reduction))[0]["k"]
-        inner = max(k_loops, default=-1)
+        classes = _gemm_view(problem, len(reduction))[0]
+        # The intrinsic's K runs along a convolution's input channels, else the innermost K loop.
+        inner = max(classes.get("channel") or classes["k"], default=-1)
         reduction = tuple(r * shape[2] if i == inner else r for i, r in enumerate(reduction))
     counts = ((named.get("subgroup_m_count", 1), named.get("subgroup_n_count", 1))
               if named and not counts_per_loop else
@@ -816,13 +865,14 @@ def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
     if problem.kind == "attention":  # the Q x K^T GEMM view, as `search.gpu`
         return {"b": problem.loops("batch"), "m": problem.loops("m"), "n": problem.loops("k2"),
                 "k": problem.loops("k1")}
-    if problem.kind == "convolution":  # `image`: the output image loops a direct conv tiles
+    if problem.kind == "convolution":  # the output image and input channel loops as well
         return {
             "b": problem.loops("depth"),
             "m": (*problem.loops("batch"), *problem.loops("output_image")),
             "n": problem.loops("output_channel"),
             "k": (*problem.loops("filter_loop"), *problem.loops("input_channel")),
             "image": problem.loops("output_image"),
+            "channel": problem.loops("input_channel"),
         }
     return {c[0]: problem.loops(c) for c in ("batch", "m", "n", "k")}
 

@@ -262,3 +262,25 @@ def test_a_masked_attention_matcher_that_names_no_mask_type_is_skipped(tmp_path:
     path.write_text(_MASKED_ATTENTION)
     (entry,) = load_spec_file(path)
     assert not entry.usable and "names no mask type" in entry.skipped, entry.skipped
+
+
+def test_dag_matchers_rooted_at_other_convolutions() -> None:
+    """A generic convolution (stride 2, dynamic input image) and a named NCHW one are rebuilt by
+    classifying the parsed root op as IREE does; TileAndFuse's intrinsic K scales the channels."""
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "dag_convolutions.mlir")}
+    generic = entries["match_generic_conv_s2"]
+    assert generic.problem is not None, generic.skipped
+    expected = Problem.conv2d_nhwc_hwcf(2, 16, 16, 64, 128, 3, 3, "f16", "f16", "f32", stride=2)
+    assert generic.problem.key == expected.key
+    assert generic.problem.operand_shapes[0] == (2, 33, 33, 64)  # sized from the output
+    nchw = entries["match_nchw_conv"]
+    assert nchw.problem is not None and nchw.config is not None, nchw.skipped
+    assert nchw.problem.sizes("output_channel") == (128,)
+    assert nchw.problem.sizes("input_channel") == (64,)
+    assert nchw.problem.sizes("output_image") == (32, 32)
+    assert nchw.config.reduction == (0, 0, 0, 0, 32, 1, 1)  # 2 intrinsics of K 16 over channels
+    assert expert_columns(nchw) == {
+        "pipeline": "TileAndFuse", "intrinsic": "MFMA_F32_16x16x16_F16", "tile_b": 1,
+        "tile_m": 32, "tile_n": 64, "tile_k": 32, "subgroups_m": 2, "subgroups_n": 2,
+        "workgroup_threads": 256, "igemm": 0, "tile_oh": 1, "tile_ow": 32,
+    }

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import pytest
+
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_file
 from dispatchtune.errors import InputError
 
@@ -38,13 +40,23 @@ def _mutate(text: str, rng: random.Random) -> str:
             return "\n".join(lines)
 
 
-def test_mutated_specs_are_entries_skips_or_one_line_errors(tmp_path: Path) -> None:
-    base = "\n".join((FIXTURES / name).read_text() for name in
-                     ("generations.mlir", "unet_fp16_vectordistribute.mlir", "sdxl_2024.mlir"))
+@pytest.mark.parametrize(
+    ("names", "runs"),
+    [
+        (("generations.mlir", "unet_fp16_vectordistribute.mlir", "sdxl_2024.mlir"), 1000),
+        # IREE 3.13 matcher ops (convolution, attention with dims_equal) and parsed DAG roots.
+        (("iree313_matchers.mlir", "dag_convolutions.mlir"), 300),
+    ],
+    ids=["older-forms", "iree313-forms"],
+)
+def test_mutated_specs_are_entries_skips_or_one_line_errors(
+    names: tuple[str, ...], runs: int, tmp_path: Path
+) -> None:
+    base = "\n".join((FIXTURES / name).read_text() for name in names)
     rng = random.Random(22)
     path = tmp_path / "mutant.mlir"
     outcomes = {"usable": 0, "skipped": 0, "errors": 0}
-    for _ in range(1000):
+    for _ in range(runs):
         text = base
         for _ in range(rng.randrange(1, 4)):
             text = _mutate(text, rng)
