@@ -287,7 +287,7 @@ def _parsed_dag_problem(body: str, name: str) -> Problem | None:
         if root is None or not (linalg.isa_contraction_op(root) or linalg.isa_convolution_op(root)):
             return None
         maps = [str(attr.value) for attr in linalg.get_indexing_maps(root)]
-        values = [*root.operands][: len(maps) - 1] + [root.results[0]]
+        values = [*list(root.operands)[: len(maps) - 1], root.results[0]]
         typed = [_tensor(str(v.type)[len("tensor<"):-1]) for v in values]
         if linalg.isa_contraction_op(root):
             return contraction_problem([f"affine_map<{m}>" for m in maps],
