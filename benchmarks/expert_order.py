@@ -17,6 +17,7 @@ Writes report.md (per file and per op kind), positions.csv and positions.png to 
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import sys
 from collections.abc import Callable, Sequence
@@ -25,9 +26,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from dispatchtune.datasets.expert_specs import ExpertEntry, expert_columns, load_spec_dir
+from dispatchtune.datasets.expert_specs import (
+    ExpertConfig,
+    ExpertEntry,
+    expert_columns,
+    load_spec_dir,
+)
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
+from dispatchtune.search.gpu import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.targets import get_target
 
 TARGET = "gfx942"
@@ -103,6 +110,113 @@ def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.n
     return mask, ""
 
 
+def expert_knob_values(
+    space: GpuSpace, problem: Problem, config: ExpertConfig
+) -> dict[str, int] | str | None:
+    """The knob values of one of IREE's constraint sets that an expert configuration states
+    (knobs it does not state stay free); a reason when its intrinsic is not among the set's
+    options; None when the set is another pipeline or its loops cannot be related to the
+    expert's.
+
+    IREE may collapse adjacent loops of a class (a [2, 1024] M becomes 2048) before it states
+    its constraints; the expert's tiles over such a class map to the collapsed loop when they
+    are contiguous (outer tiles 1, inner tiles whole).
+    """
+    if space.pipeline != config.pipeline:
+        return None
+    loops = _loop_map(space, problem, len(config.workgroup))
+    if loops is None:
+        return None
+    values: dict[str, int] = {}
+    inner = space.classes["k"][-1] if space.classes.get("k") else -1
+    for template, tiles in ((space.workgroup, config.workgroup),
+                            (space.reduction, config.reduction)):
+        for loop, entry in enumerate(template):
+            value = _collapsed_tile(tiles, loops.get(loop, ()), problem)
+            if not isinstance(entry, str) or value is None:
+                continue
+            # TileAndFuse knobs count the innermost K loop in intrinsics (the config: elements).
+            scaled = template is space.reduction and space.pipeline == "TileAndFuse" and loop == inner
+            values[entry] = value // config.mma_shape[2] if scaled else value
+    for cls, count in zip(("m", "n"), config.subgroup_counts, strict=True):
+        named = {e for i, e in enumerate(space.subgroup_counts)
+                 if isinstance(e, str) and i in space.classes.get(cls, ())}
+        if len(named) == 1:  # one count knob along the class: the expert's count
+            values[named.pop()] = count
+    if space.intrinsics:
+        if config.intrinsic not in space.intrinsics:
+            return f"intrinsic {config.intrinsic} is not among IREE's options {list(space.intrinsics)}"
+        values[space.mma_knob] = space.intrinsics.index(config.intrinsic)
+    # Threads by meaning, as the candidate match counts them: one dimension (some experts
+    # write [128, 4, 1] for 512 threads, which IREE's constraints state as [512, 1, 1]).
+    sizes = (math.prod(config.workgroup_size), 1, 1)
+    for axis, size in zip(("x", "y", "z"), sizes, strict=True):
+        if f"wg_size_{axis}" in space.knobs:
+            values[f"wg_size_{axis}"] = size
+    if "sg_size" in space.knobs:
+        values["sg_size"] = config.subgroup_size
+    return values
+
+
+def _loop_map(space: GpuSpace, problem: Problem, n_entries: int) -> dict[int, tuple[int, ...]] | None:
+    """Each loop of the constraint set -> the problem loops it stands for (class by class)."""
+    if n_entries != len(problem.loop_sizes):
+        return None  # an implicit-GEMM or unit-folded config: not related loop by loop here
+    if problem.kind == "convolution":
+        ours = {"b": problem.loops("depth"),
+                "m": (*problem.loops("batch"), *problem.loops("output_image")),
+                "n": problem.loops("output_channel"),
+                "k": (*problem.loops("filter_loop"), *problem.loops("input_channel"))}
+        if len(space.loop_bounds) != len(problem.loop_sizes):
+            return None
+    else:
+        ours = {("b" if c == "batch" else c): problem.loops(c) for c in problem.dims}
+    mapped: dict[int, tuple[int, ...]] = {}
+    for cls, theirs in space.classes.items():
+        mine = ours.get(cls, ())
+        if len(theirs) == len(mine):
+            mapped.update({t: (m,) for t, m in zip(theirs, mine, strict=True)})
+        elif len(theirs) == 1:
+            mapped[theirs[0]] = tuple(mine)
+        else:
+            return None
+    return mapped
+
+
+def _collapsed_tile(tiles: tuple[int, ...], loops: tuple[int, ...], problem: Problem) -> int | None:
+    """The tile of one loop standing for `loops`, in elements (a config's 0 is the whole loop):
+    their product when contiguous, else None."""
+    if not loops:
+        return None
+    sizes = [problem.loop_sizes[i] for i in loops]
+    whole = [tiles[i] or size for i, size in zip(loops, sizes, strict=True)]  # 0: whole loop
+    partial = [k for k, (t, size) in enumerate(zip(whole, sizes, strict=True)) if t != size]
+    if partial and any(whole[k] != 1 for k in range(partial[-1])):
+        return None  # a non-contiguous tile of the collapsed loop
+    return math.prod(whole)
+
+
+def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bool = True) -> str:
+    """Which of IREE's constraints keep an expert configuration out of the space, in IREE's
+    words (one set per constraint op of its pipeline), or "" when that cannot be said."""
+    target = get_target(TARGET)
+    try:
+        spaces = gpu_spaces(problem, target, heuristic_filters)
+    except DispatchTuneError:
+        return ""
+    found = []
+    for space in spaces:
+        values = expert_knob_values(space, problem, config)
+        if isinstance(values, str):
+            found.append(values)
+        elif values is not None:
+            found.append("; ".join(violated_constraints(problem, target, space, values,
+                                                        heuristic_filters)))
+    if not found:
+        return f"IREE emits no {config.pipeline} constraints over these loops"
+    return " | ".join(f for f in found if f)
+
+
 def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
     """Expected 1-based position of the best-scored expert-equivalent row over tie-breaks."""
     best = scores[mask].max()
@@ -138,7 +252,9 @@ def measure(
         mask, excluded_by = expert_mask(table, expert)
         row["n"] = len(table)
         if not mask.any():
-            rows.append({**row, "status": "not in space", "excluded_by": excluded_by})
+            rows.append({**row, "status": "not in space", "excluded_by": excluded_by,
+                         "iree_constraints": iree_exclusion(problem, entry.config,
+                                                            heuristic_filters)})
             continue
         row["status"] = "in space"
         for order in orders:
@@ -199,14 +315,20 @@ def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command:
         "## All files", "", markdown(summary(frame, orders, "all")), "",
         "## Per file", "", markdown(summary(frame, orders, "file")), "",
         "## Per op kind", "", markdown(summary(frame[frame["status"].ne("")], orders, "kind")), "",
-        "## Not in the space (first attribute no candidate shares)", "",
+        "## Not in the space", "",
+        "First attribute no candidate shares; then the IREE constraints that exclude the "
+        "expert's knob values (a smallest conflicting set, IREE's messages).", "",
     ]
+    missing = frame[frame["status"] == "not in space"]
+    for r in missing.itertuples():
+        iree = getattr(r, "iree_constraints", "")
+        iree = iree if isinstance(iree, str) and iree else "not identified"
+        parts.append(f"- {r.file} `{r.matcher}`: {r.excluded_by}; IREE: {iree}")
+    parts.append("")
     if "expert_waves_per_eu" in frame:
         waves = frame["expert_waves_per_eu"].dropna().astype(int).value_counts().sort_index()
         parts += ["## amdgpu-waves-per-eu set by the experts (0 = not set)", "",
                   ", ".join(f"{w}: {n}" for w, n in waves.items()), ""]
-    missing = frame[frame["status"] == "not in space"]
-    parts += [f"- {r.file} `{r.matcher}`: {r.excluded_by}" for r in missing.itertuples()]
     skipped = frame[frame["status"].astype(str).str.startswith(("skipped", "no space"))]
     parts += ["", "## Not measured", ""]
     # Every matcher is measured or skipped with a reason: the reasons, counted, then each one.

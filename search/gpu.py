@@ -209,6 +209,77 @@ def gpu_spaces(
     return spaces
 
 
+def violated_constraints(
+    problem: Problem, target: Target, space: GpuSpace, values: Mapping[str, int],
+    heuristic_filters: bool = True,
+) -> list[str]:
+    """IREE's messages of the assertions of `space` that exclude every configuration with these
+    knob values (knobs not given are free): a smallest conflicting set Z3 finds, in IREE's
+    order; empty when some configuration satisfies them all.
+
+    Says *which constraint* keeps a configuration (e.g. an expert's) out of the space. Each
+    `iree_codegen.smt.assert` is converted on its own (the others erased), so every formula keeps
+    the message IREE wrote beside it.
+    """
+    import z3
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen
+    from z3.z3util import get_vars
+
+    source, _ = constraint_source(problem, target)
+    text = constraints_module(source, target)
+
+    def converted(keep: int | None) -> tuple[str, list[str]]:
+        """SMT-LIB of the op with only assertion `keep` (None: none), and every message."""
+        with ir.Context():
+            module = ir.Module.parse(text)  # held: its ops die with it
+            op = _constraint_ops(module)[space.index]
+            if not heuristic_filters:
+                drop_heuristic_filters(op)
+            asserts = _assert_ops(op)
+            messages = [ir.StringAttr(a.attributes["msg"]).value for a in asserts]
+            for i, assertion in enumerate(asserts):
+                if i != keep:
+                    assertion.erase()
+            return iree_codegen.convert_constraints_op_to_smtlib(op), messages
+
+    base_text, messages = converted(None)
+    base = list(z3.parse_smt2_string(base_text))
+    known = {str(f.sexpr()) for f in base}
+    solver = z3.Solver()
+    solver.set("core.minimize", True)
+    solver.add(*base)
+    for name, value in values.items():
+        solver.add(z3.Int(name) == value)
+    for i in range(len(messages)):
+        extra = [f for f in z3.parse_smt2_string(converted(i)[0]) if str(f.sexpr()) not in known]
+        if not extra:
+            continue
+        if all(str(v).startswith("problem_dim_") for f in extra for v in get_vars(f)):
+            solver.add(*extra)  # the problem's own sizes: facts, not constraints on a config
+        else:
+            solver.assert_and_track(z3.And(*extra), f"iree_assert_{i}")
+    if solver.check() != z3.unsat:
+        return []
+    core = sorted(int(str(label).rsplit("_", 1)[1]) for label in solver.unsat_core())
+    # IREE's messages carry "{}" placeholders for the values it prints at run time.
+    return [re.sub(r"\s*\([^()]*\{\}[^()]*\)", "", messages[i]) for i in core]
+
+
+def _assert_ops(constraints_op: Any) -> list[Any]:
+    from iree.compiler import ir
+
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "iree_codegen.smt.assert":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    constraints_op.walk(visit)
+    return found
+
+
 def _insert(entries: Sequence[Any], loops: Sequence[int], filler: Any) -> list[Any]:
     """`entries` (one per covered loop) with `filler` at each of `loops` (the full loop list)."""
     out = list(entries)
@@ -280,16 +351,8 @@ def drop_heuristic_filters(constraints_op: Any) -> list[str]:
     """Erase the heuristic-filter assertions of one constraints op; returns their messages."""
     from iree.compiler import ir
 
-    asserts: list[Any] = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "iree_codegen.smt.assert":
-            asserts.append(op)
-        return ir.WalkResult.ADVANCE
-
-    constraints_op.walk(visit)
     dropped = []
-    for op in asserts:
+    for op in _assert_ops(constraints_op):
         message = ir.StringAttr(op.attributes["msg"]).value
         if any(p.search(message) for p in HEURISTIC_FILTERS):
             dropped.append(message)

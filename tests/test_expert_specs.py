@@ -91,7 +91,7 @@ def test_2024_syntax_mapped_by_meaning() -> None:
 
 def test_expert_outside_the_space_names_the_attribute() -> None:
     """punet's 256x64 tile with 512 threads breaks IREE's 'threads <= larger tile' filter."""
-    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.benchmarks.expert_order import expert_mask, iree_exclusion
     from dispatchtune.search import enumerate_candidates
 
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
@@ -100,6 +100,12 @@ def test_expert_outside_the_space_names_the_attribute() -> None:
     mask, why = expert_mask(enumerate_candidates(entry.problem, "gfx942").table,
                             expert_columns(entry))
     assert not mask.any() and why.startswith("subgroups_m=8")
+    # IREE's own words: the assertion its source labels a heuristic filter. Without the filters
+    # the expert is a candidate.
+    assert entry.config is not None
+    assert iree_exclusion(entry.problem, entry.config) == "wg_size_x <= wg_m OR wg_size_x <= wg_n"
+    whole = enumerate_candidates(entry.problem, "gfx942", heuristic_filters=False).table
+    assert expert_mask(whole, expert_columns(entry))[0].any()
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:

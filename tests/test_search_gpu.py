@@ -21,6 +21,7 @@ from dispatchtune.search.gpu import (
     enumerate_space,
     gpu_spaces,
     reference_solutions,
+    violated_constraints,
     without_loops,
 )
 from dispatchtune.targets import get_target
@@ -328,3 +329,27 @@ def test_batch_matmul_enumerates_on_other_gpus(target: str) -> None:
 def test_without_loops_refuses_a_compound_index() -> None:
     conv = Problem.conv2d_nhwc_hwcf(2, 8, 8, 16, 16, 3, 3, "f16")
     assert without_loops(conv, conv.loops("output_image")[:1]) is None
+
+
+def test_violated_constraints_name_irees_assertions() -> None:
+    """A candidate's own knob values violate nothing; a tile that does not divide the problem
+    and too many threads for the tile are named by IREE's messages."""
+    target = get_target("gfx942")
+    space = _space("gfx942", "VectorDistribute")
+    row = enumerate_space(space).iloc[0]
+    values = {k: int(row[f"knob_{k}"]) for k in space.knobs}
+    assert violated_constraints(SMALL, target, space, values) == []
+    assert violated_constraints(SMALL, target, space, {**values, "wg_0": 48}) == [
+        "dim_0 must be divisible by wg_0"]
+    # A whole-space row that has more threads than its larger tile breaks only IREE's
+    # heuristic filter (which the whole space drops).
+    problem = Problem.matmul(512, 512, 512, "f16")
+    filtered = next(s for s in gpu_spaces(problem, target) if s.pipeline == "VectorDistribute")
+    whole = next(s for s in gpu_spaces(problem, target, heuristic_filters=False)
+                 if s.pipeline == "VectorDistribute")
+    t = enumerate_space(whole)
+    crowded = t[t["workgroup_threads"] > np.maximum(t["tile_m"], t["tile_n"])].iloc[0]
+    values = {k: int(crowded[f"knob_{k}"]) for k in whole.knobs}
+    assert violated_constraints(problem, target, filtered, values) == [
+        "wg_size_x <= wg_m OR wg_size_x <= wg_n"]
+    assert violated_constraints(problem, target, whole, values, heuristic_filters=False) == []
