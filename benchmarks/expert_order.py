@@ -5,7 +5,8 @@ rebuild the dispatch, enumerate its gfx942 space, find the expert configuration 
 (pipeline, intrinsic, workgroup tiles, K tile, subgroup counts, workgroup threads) and report its
 position in each order: the expected position over tie-breaks (1 + candidates scored higher +
 half the other candidates scored equal), position / N, or which attribute leaves it out of the
-space. Enumerations are cached (pickled candidate tables) in --cache.
+space and which of IREE's constraints exclude it (`search.gpu.violated_constraints`).
+Enumerations are cached (pickled candidate tables) in --cache.
 
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
