@@ -165,18 +165,23 @@ def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
     )
 
 
-def _constraint_ops(module: Any) -> list[Any]:
+def _ops_named(root: Any, name: str) -> list[Any]:
+    """Every op called `name` inside `root` (an operation), in walk order."""
     from iree.compiler import ir
 
     found: list[Any] = []
 
     def visit(op: Any) -> Any:
-        if op.name == "iree_codegen.smt.constraints":
+        if op.name == name:
             found.append(op)
         return ir.WalkResult.ADVANCE
 
-    module.operation.walk(visit)
+    root.walk(visit)
     return found
+
+
+def _constraint_ops(module: Any) -> list[Any]:
+    return _ops_named(module.operation, "iree_codegen.smt.constraints")
 
 
 def gpu_spaces(
@@ -267,17 +272,7 @@ def violated_constraints(
 
 
 def _assert_ops(constraints_op: Any) -> list[Any]:
-    from iree.compiler import ir
-
-    found: list[Any] = []
-
-    def visit(op: Any) -> Any:
-        if op.name == "iree_codegen.smt.assert":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    constraints_op.walk(visit)
-    return found
+    return _ops_named(constraints_op, "iree_codegen.smt.assert")
 
 
 def _insert(entries: Sequence[Any], loops: Sequence[int], filler: Any) -> list[Any]:
@@ -382,14 +377,8 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     template = op.attributes["knobs"]
     pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(op.attributes["pipeline"]))
     smtlib = iree_codegen.convert_constraints_op_to_smtlib(op)
-    knobs: list[str] = []
-
-    def visit(inner: Any) -> Any:
-        if inner.name == "iree_codegen.smt.knob":
-            knobs.append(str(ir.StringAttr(inner.attributes["name"]).value))
-        return ir.WalkResult.ADVANCE
-
-    op.walk(visit)
+    knobs = [str(ir.StringAttr(knob.attributes["name"]).value)
+             for knob in _ops_named(op, "iree_codegen.smt.knob")]
     workgroup = _entries(template["workgroup"])
     reduction = _entries(template["reduction"])
     counts: tuple[Entry, ...] = ()
