@@ -20,8 +20,9 @@ class, as IREE's tuner and dispatchtune's own specs write them), from DAG matche
 implicit GEMM (tile lists shorter than its loops) is read in IREE's IGEMM loops; unit loops IREE
 folds (batch 1) are dropped when the lists are that much shorter. Attention matchers that name
 no size (any f16 `online_attention`, some with static dims or `dim_is_multiple_of`) become one
-entry per SDXL attention shape they match (`SDXL_ATTENTION_SHAPES`); those with `dims_equal`
-are the one attention they name, in their own layout. Either way the `decomposition_config`
+entry per SDXL attention shape they match (`SDXL_ATTENTION_SHAPES`, sized class by class in the
+matcher's own layout when it states its maps); those with `dims_equal` are the one attention
+they name. Either way the `decomposition_config`
 (intrinsic, subgroup basis) is read with IREE's bindings. A file that matches one op twice with
 one configuration (attention in both forms) counts it once. Matchers the project cannot rebuild
 (transform-dialect scripts) are kept with a reason.
@@ -470,14 +471,29 @@ def convolution_problem(
 def _named_attention_problem(body: str, name: str) -> Problem | None:
     """The attention a matcher names by size (`dims_equal` on the match op's results), in its own
     layout; None when it names no size (a shape-free matcher)."""
+    op = _attention_match_op(body)
+    if op is None or not any(c in _match_op(body, op)[1] for c in DIM_CLASSES["attention"]):
+        return None
+    return _matched_attention(body, name)
+
+
+def _attention_match_op(body: str) -> str | None:
+    for op in ("online_attention", "attention"):
+        if f"transform.iree.match.{op}" in body:
+            return op
+    return None
+
+
+def _matched_attention(
+    body: str, name: str, shape: tuple[int, ...] | None = None
+) -> Problem:
+    """The attention of a `transform.iree.match.(online_)attention` matcher in its own layout
+    (indexing maps), sized by its `dims_equal` checks, or by an SDXL `shape` (B, H, M, N, K1, K2)
+    class by class when given (a shape-free matcher)."""
     from iree.compiler.dialects import iree_codegen
 
-    op = "online_attention" if "transform.iree.match.online_attention" in body else "attention"
-    if f"transform.iree.match.{op}" not in body:
-        return None
+    op = _attention_match_op(body) or "online_attention"
     head, sizes = _match_op(body, op)
-    if not any(c in sizes for c in DIM_CLASSES["attention"]):
-        return None
     maps = _indexing_maps(head)
     # attention: Q, K, V, scale, [mask], O; online_attention adds the running max and sum.
     masked = len(maps) == (8 if op == "online_attention" else 6)
@@ -496,6 +512,8 @@ def _named_attention_problem(body: str, name: str) -> Problem | None:
         classes = {"batch": detail.batch_dims, "m": detail.m_dims, "n": detail.n_dims,
                    "k1": detail.k1_dims, "k2": detail.k2_dims}
         classes = {c: tuple(int(i) for i in loops) for c, loops in classes.items()}
+        if shape is not None:
+            sizes = _sdxl_class_sizes(shape, classes, name)
         # Static operand dims (`cast_compatible_type`) size the loops no `dims_equal` names.
         known = {int(e.position): size for index, amap in enumerate(affine[:3])
                  for e, size in zip(amap.results, casts.get(index, ((), ""))[0], strict=False)}
@@ -510,6 +528,18 @@ def _named_attention_problem(body: str, name: str) -> Problem | None:
         indexing_maps=texts, mask_map=mask_map, mask_type=casts[4][1] if masked else "",
         op_name="iree_linalg_ext.attention", name=name,
     )
+
+
+def _sdxl_class_sizes(
+    shape: tuple[int, ...], classes: Mapping[str, tuple[int, ...]], name: str
+) -> dict[str, tuple[int, ...]]:
+    """An SDXL attention shape (B, H, M, N, K1, K2) as sizes per dimension class of a layout
+    with one loop per class (two batch loops B, H, or one of B x H)."""
+    b, h, m, n, k1, k2 = shape
+    batch = {2: (b, h), 1: (b * h,)}.get(len(classes["batch"]))
+    if batch is None or any(len(classes[c]) != 1 for c in ("m", "n", "k1", "k2")):
+        raise InputError(f"{name}: an attention layout the SDXL shapes do not fit")
+    return {"batch": batch, "m": (m,), "n": (n,), "k1": (k1,), "k2": (k2,)}
 
 
 def _operand_casts(body: str) -> dict[int, tuple[tuple[int, ...], str]]:
@@ -553,15 +583,20 @@ def _attention_problems(body: str, name: str) -> list[Problem]:
     element = query.group(1) if query else casts.get(0, ((), ""))[1]
     if not element:
         raise InputError(f"{name}: no query element type in the attention matcher")
+    op = _attention_match_op(body)
+    # The matcher's own layout when it states its maps; else the SDXL export's.
+    own_layout = op is not None and len(_indexing_maps(_match_op(body, op)[0])) >= 5
     found = []
     for shape in SDXL_ATTENTION_SHAPES:
-        dims = [tuple(shape[i] for i in m) for m in _SDXL_ATTENTION_MAPS[:3]]
+        problem = (_matched_attention(body, name, shape) if own_layout
+                   else attention_problem(shape, element, name))
+        dims = problem.operand_shapes[:3]
         if any(len(cast) != len(dims[i]) or any(c > 0 and c != d for c, d in zip(cast, dims[i], strict=True))
                for i, (cast, _) in casts.items() if i < 3):
             continue
         if any(i < 3 and dims[i][d] % n for i, d, n in multiples):
             continue
-        found.append(attention_problem(shape, element, name))
+        found.append(problem)
     return found
 
 
