@@ -9,9 +9,11 @@ SMT-LIB (`convert_constraints_op_to_smtlib`), enumerate every solution exactly w
 `materialize_compilation_info` (lazily, per row).
 
 IREE 3.13 crashes (SIGSEGV) emitting constraints for contractions with batch loops (a
-`batch_matmul` on any GPU target). For those the constraints come from the same contraction
-without its batch loops, and every candidate gets a batch tile of 1 (`GpuSpace.batch_loops`),
-the tile IREE's own default configuration uses.
+`batch_matmul` on any GPU target) and for grouped convolutions (a group loop in input, filter
+and output: the `depth` class). For those the constraints come from the same op without those
+loops, and every candidate gets a tile of 1 there (`GpuSpace.batch_loops`), the tile IREE's own
+default batch configuration uses. A grouped convolution keeps the direct lowering only: IREE's
+implicit-GEMM loops of the group-less op say nothing of where a group loop would go.
 """
 
 from __future__ import annotations
@@ -109,15 +111,17 @@ def constraints_module(problem: Problem, target: Target) -> str:
 def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[int, ...]]:
     """The problem whose constraints describe `problem`'s space, and the loops they leave out.
 
-    Usually `problem` itself. A contraction with batch loops on which IREE crashes emitting
-    constraints is described by its batch-less equivalent; the batch loops are returned so that
-    every candidate gets a batch tile of 1.
+    Usually `problem` itself. A contraction with batch loops or a grouped convolution, on which
+    IREE crashes emitting constraints, is described by the same op without those loops; they are
+    returned so that every candidate gets a tile of 1 there.
     """
     key = (problem.key, target.name)
     if key in _SOURCES:
         return _SOURCES[key]
     source: tuple[Problem, tuple[int, ...]] = (problem, ())
-    batch = problem.loops("batch") if problem.kind == "contraction" else ()
+    # Loops IREE crashes on, each in every operand on its own: contraction batches, conv groups.
+    batch = {"contraction": problem.loops("batch"),
+             "convolution": problem.loops("depth")}.get(problem.kind, ())
     try:
         constraints_module(problem, target)
     except DispatchTuneError as error:
@@ -205,6 +209,8 @@ def gpu_spaces(
             if not heuristic_filters:
                 drop_heuristic_filters(op)
             space = _describe(index, op, roots)
+            if batch and len(space.loop_bounds) != len(source.loop_sizes):
+                continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             spaces.append(_with_batch_loops(space, batch, problem.loop_sizes) if batch else space)
     if not spaces:
         raise DispatchTuneError(

@@ -353,3 +353,40 @@ def test_violated_constraints_name_irees_assertions() -> None:
     assert violated_constraints(problem, target, filtered, values) == [
         "wg_size_x <= wg_m OR wg_size_x <= wg_n"]
     assert violated_constraints(problem, target, whole, values, heuristic_filters=False) == []
+
+
+def _grouped_conv() -> Problem:
+    """2 x 16x16 output, 4 groups of 32 -> 32 channels, 3x3 filter (NHWGC, GFHWC), f16."""
+    from dispatchtune.datasets.expert_specs import convolution_problem
+
+    loops = "(d0, d1, d2, d3, d4, d5, d6, d7)"
+    maps = [f"affine_map<{loops} -> (d0, d1 + d5, d2 + d6, d3, d7)>",
+            f"affine_map<{loops} -> (d3, d4, d5, d6, d7)>",
+            f"affine_map<{loops} -> (d0, d1, d2, d3, d4)>"]
+    sizes = {"batch": (2,), "output_image": (16, 16), "depth": (4,), "output_channel": (32,),
+             "filter_loop": (3, 3), "input_channel": (32,)}
+    return convolution_problem(maps, sizes, ["f16", "f16", "f32"], "grouped")
+
+
+def test_grouped_convolution_from_the_groupless_constraints(tmp_path: Path) -> None:
+    """IREE crashes emitting grouped-conv constraints: the group-less ones, a group tile of 1,
+    direct lowering only; a candidate is applied exactly and compiles."""
+    problem = _grouped_conv()
+    assert problem.loops("depth") == (3,)
+    target = get_target("gfx942")
+    spaces = gpu_spaces(problem, target)
+    assert spaces and all(s.batch_loops == (3,) and s.workgroup[3] == 1 and not s.igemm
+                          for s in spaces)
+    cands = enumerate_candidates(problem, target)
+    t = cands.table
+    assert len(t) > 0 and (t["tile_b"] == 1).all() and (t["igemm"] == 0).all()
+    info = cands.compilation_info(len(t) // 2)
+    assert re.search(r"workgroup = \[\d+, \d+, \d+, 1, \d+, 0, 0, 0\]", info)
+    source = tmp_path / "grouped.mlir"
+    source.write_text(problem.to_mlir())
+    spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
+    assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+    proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                     f"{target.tuning_spec_flag}={spec}", "-o",
+                                     str(tmp_path / "grouped.vmfb")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
