@@ -128,8 +128,8 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
         unbatched = without_loops(problem, batch) if batch else None
         if unbatched is None or "crashed" not in str(error):
             raise
-        logger.info("%s; using the constraints of %s with a batch tile of 1",
-                    error, unbatched.describe())
+        logger.info("%s; using the constraints of %s with a tile of 1 on loop(s) %s",
+                    error, unbatched.describe(), ", ".join(f"d{i}" for i in batch))
         constraints_module(unbatched, target)
         source = (unbatched, batch)
     _SOURCES[key] = source
