@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from dispatchtune.errors import DispatchTuneError, InputError
 
 IREE_VERSION = "3.13.0"
+
+logger = logging.getLogger(__name__)
 
 
 _COMPILER_TOOLS = ("iree-compile", "iree-opt", "iree-link", "iree-lld")
@@ -60,6 +64,37 @@ def iree_compiler_version() -> str:
         return str(VERSION)
     except ImportError:  # pragma: no cover - the wheel is a hard dependency
         return "unknown"
+
+
+#: Disables constant evaluation: IREE 3.13 crashes in const-eval of some exports (BERT's
+#: byte-pattern weights), and builds that fail are retried once with it (`retry_without_const_eval`).
+NO_CONST_EVAL = "--iree-opt-const-eval=false"
+
+_Result = TypeVar("_Result")
+
+
+def retry_without_const_eval(
+    flags: Sequence[str], build: Callable[[list[str]], _Result],
+    failed: Callable[[_Result], bool], what: str,
+) -> _Result:
+    """`build(flags)`, once more with `NO_CONST_EVAL` added when it fails; a retry that succeeds
+    is logged (the user's own builds need the flag too)."""
+    result = build(list(flags))
+    if failed(result) and NO_CONST_EVAL not in flags:
+        retry = build([*flags, NO_CONST_EVAL])
+        if not failed(retry):
+            logger.warning("%s fails with the target's flags and builds with %s (IREE's constant "
+                           "evaluation crashes on it): use the flag for this input", what,
+                           NO_CONST_EVAL)
+            return retry
+    return result
+
+
+def compiler_failure(returncode: int, stderr: str) -> str:
+    """One line for a failed IREE tool run: its first `error:` line, or that it crashed."""
+    if returncode < 0 or "Please report issues" in stderr:  # LLVM's crash handler says so
+        return f"compiler crashed (exit {returncode})"
+    return first_error_line(stderr)
 
 
 def first_error_line(stderr: str) -> str:

@@ -21,7 +21,13 @@ from dispatchtune.errors import InputError
 from dispatchtune.ir.lowering import lower_if_torch
 from dispatchtune.problem import OpKind, Problem
 from dispatchtune.targets import Target, get_target
-from dispatchtune.toolchain import first_error_line, mlir_error_line, run_tool
+from dispatchtune.toolchain import (
+    compiler_failure,
+    first_error_line,
+    mlir_error_line,
+    retry_without_const_eval,
+    run_tool,
+)
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -123,21 +129,20 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
     stripped = run_tool("iree-opt", [str(path), "--iree-codegen-strip-compilation-info"])
     if stripped.returncode != 0:
         raise InputError(f"iree-opt rejected {path}: {first_error_line(stripped.stderr)}")
+    def configure(flags: list[str]) -> Any:
+        return run_tool(
+            "iree-compile",
+            ["-", *flags, "--compile-to=executable-configurations",
+             "--mlir-print-ir-before=iree-codegen-materialize-user-configs", "-o", os.devnull],
+            input_text=stripped.stdout,
+        )
+
     flags = [] if target is None else list(target.compile_flags)
-    proc = run_tool(
-        "iree-compile",
-        [
-            "-",
-            *flags,
-            "--compile-to=executable-configurations",
-            "--mlir-print-ir-before=iree-codegen-materialize-user-configs",
-            "-o",
-            os.devnull,
-        ],
-        input_text=stripped.stdout,
-    )
+    proc = retry_without_const_eval(flags, configure, lambda p: p.returncode != 0, str(path))
     if proc.returncode != 0:
-        raise InputError(f"iree-compile rejected {path}: {first_error_line(proc.stderr)}")
+        # stderr also holds the IR dumps: only an error line or the crash says what went wrong.
+        raise InputError(f"iree-compile rejected {path}: "
+                         f"{compiler_failure(proc.returncode, proc.stderr)}")
     return [chunk for chunk in _DUMP_HEADER.split(proc.stderr)[1:] if chunk.strip()]
 
 

@@ -34,7 +34,7 @@ from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.measure.process import run_process
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import mlir_error_line, tool_path
+from dispatchtune.toolchain import mlir_error_line, retry_without_const_eval, tool_path
 
 logger = logging.getLogger(__name__)
 
@@ -89,18 +89,17 @@ def is_dispatch_benchmark(text: str) -> bool:
 def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) -> list[Path]:
     """Compile a model/function and dump one benchmark file per dispatch into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    proc = run_process(
-        [
-            tool_path("iree-compile"),
-            str(input_path),
-            *target.compile_flags,
-            f"--iree-hal-dump-executable-benchmarks-to={out_dir}",
-            "--iree-codegen-add-tuner-attributes",
-            "-o",
-            "/dev/null",
-        ],
-        600,
-    )
+
+    def dump(flags: list[str]) -> Any:
+        return run_process(
+            [tool_path("iree-compile"), str(input_path), *flags,
+             f"--iree-hal-dump-executable-benchmarks-to={out_dir}",
+             "--iree-codegen-add-tuner-attributes", "-o", "/dev/null"],
+            600,
+        )
+
+    proc = retry_without_const_eval(target.compile_flags, dump, lambda p: not p.ok,
+                                    str(input_path))
     if not proc.ok:
         raise InputError(f"iree-compile {proc.status} on {input_path}: {proc.error}")
     files = sorted(out_dir.glob("*_benchmark.mlir"))

@@ -35,7 +35,7 @@ from dispatchtune.problem import Problem
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import first_error_line, run_tool
+from dispatchtune.toolchain import compiler_failure, run_tool
 
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
@@ -97,9 +97,7 @@ def constraints_module(problem: Problem, target: Target) -> str:
             input_text=problem.to_mlir(),
         )
         if proc.returncode != 0:
-            reason = first_error_line(proc.stderr)
-            if proc.returncode < 0 or "report issues" in reason or "crash" in proc.stderr.lower():
-                reason = f"compiler crashed (exit {proc.returncode})"
+            reason = compiler_failure(proc.returncode, proc.stderr)
             raise DispatchTuneError(
                 f"iree-compile could not emit constraints for {problem.describe()} on "
                 f"{target.name}: {reason}"

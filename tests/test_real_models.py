@@ -95,3 +95,19 @@ def test_bert_default_build_crash_is_retried_without_const_eval(
     assert "--iree-opt-const-eval=false" in records[0]["compile_flags"]
     assert "disables constant evaluation" in summary and "--iree-opt-const-eval=false" in summary
     assert records[-1]["kind"] == "final"
+
+
+def test_inspect_reads_a_model_whose_const_eval_crashes() -> None:
+    """`inspect` (and `rank`/`tune`, which read dispatches the same way) retry the build that
+    IREE 3.13 crashes on without constant evaluation, and say that the flag is needed."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "inspect", "examples/models/bert_l1_s128.mlir",
+         "--target", "host"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "contraction_" in proc.stdout
+    assert "--iree-opt-const-eval=false" in proc.stderr and "Traceback" not in proc.stderr

@@ -43,14 +43,12 @@ from dispatchtune.measure.runner import Artifact, BenchOutcome, BenchSettings, L
 from dispatchtune.measure.verify import compare
 from dispatchtune.problem import Problem
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import iree_compiler_version
+from dispatchtune.toolchain import NO_CONST_EVAL, iree_compiler_version
 from dispatchtune.tuner.model.decide import KEEP_RULE, Verdict, judge, rounds_to_reach
 from dispatchtune.tuner.model.entry import find_entry, model_call
 from dispatchtune.tuner.model.log import ModelLog
 from dispatchtune.tuner.model.options import ModelTuneOptions
 from dispatchtune.tuner.model.profile import DispatchShare, dispatch_index
-
-NO_CONST_EVAL = "--iree-opt-const-eval=false"
 
 logger = logging.getLogger(__name__)
 
