@@ -390,3 +390,20 @@ def test_grouped_convolution_from_the_groupless_constraints(tmp_path: Path) -> N
                                      f"{target.tuning_spec_flag}={spec}", "-o",
                                      str(tmp_path / "grouped.vmfb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_masked_attention_candidates_apply_on_gfx942(tmp_path: Path) -> None:
+    """A masked attention (SDPA's boolean mask; IREE has made it i8 when specs are applied) is
+    matched as a DAG: IREE's online_attention matcher op never matches a masked op."""
+    from dispatchtune import load_problems
+
+    source = tmp_path / "masked.mlir"
+    source.write_text(Problem.attention(2, 128, 64, 64, 128, "f16", mask_type="i1").to_mlir())
+    target = get_target("gfx942")
+    (problem,) = load_problems(source, target)
+    assert problem.mask_type == "i8" and problem.mask_map
+    cands = enumerate_candidates(problem, target)
+    for row in (0, len(cands) - 1):
+        info = cands.compilation_info(row)
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec_{row}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
