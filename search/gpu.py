@@ -209,7 +209,9 @@ def gpu_spaces(
             space = _describe(index, op, roots)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
-            spaces.append(_with_batch_loops(space, batch, problem.loop_sizes) if batch else space)
+            if batch:
+                space = _with_batch_loops(space, batch, problem.loop_sizes)
+            spaces.append(_with_unit_loops(space, problem))
     if not spaces:
         raise DispatchTuneError(
             f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
@@ -277,6 +279,22 @@ def violated_constraints(
 
 def _assert_ops(constraints_op: Any) -> list[Any]:
     return _ops_named(constraints_op, "iree_codegen.smt.assert")
+
+
+def _with_unit_loops(space: GpuSpace, problem: Problem) -> GpuSpace:
+    """A contraction's space stated over all of its loops when IREE folded its unit loops.
+
+    Compiled on its own, `problem.to_mlir()` loses its unit loops (1 x 128 x 768 becomes 128 x
+    768), but inside a model's dispatch the same op may keep them, and a configuration with fewer
+    entries than the op has loops fails to compile ("failed to distribute", shared memory
+    overflow: measured on BERT's f32 dispatches on gfx942). Those loops get a tile of 1.
+    """
+    if problem.kind != "contraction" or len(space.loop_bounds) >= len(problem.loop_sizes):
+        return space
+    unit = tuple(i for i, size in enumerate(problem.loop_sizes) if size == 1)
+    if len(problem.loop_sizes) - len(unit) != len(space.loop_bounds):
+        return space
+    return _with_batch_loops(space, unit, problem.loop_sizes)
 
 
 def _insert(entries: Sequence[Any], loops: Sequence[int], filler: Any) -> list[Any]:

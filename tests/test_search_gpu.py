@@ -407,3 +407,23 @@ def test_masked_attention_candidates_apply_on_gfx942(tmp_path: Path) -> None:
         info = cands.compilation_info(row)
         spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec_{row}.mlir")
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+
+
+def test_unit_loops_folded_by_iree_get_a_tile_of_1(tmp_path: Path) -> None:
+    """BERT's f32 dispatch keeps the unit loops of a 1x128 x 768 x 1x768 contraction that IREE
+    folds when the op is compiled alone: candidates state all 5 loops, and one compiles in the
+    dispatch (with 3-entry lists every top candidate failed there)."""
+    from dispatchtune import load_problems
+
+    bench = Path(__file__).parent / "fixtures" / "gfx942_bert_unit_loops_benchmark.mlir"
+    target = get_target("gfx942")
+    (problem,) = load_problems(bench, target)
+    assert problem.loop_sizes == (1, 128, 768, 1, 768)
+    cands = enumerate_candidates(problem, target)
+    info = cands.compilation_info(0)
+    assert re.search(r"workgroup = \[1, \d+, \d+, 1, 0\]", info)
+    spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
+    proc = run_tool("iree-compile", [str(bench), f"{target.tuning_spec_flag}={spec}", "-o",
+                                     str(tmp_path / "bench.vmfb")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
