@@ -234,39 +234,9 @@ def test_specs_in_iree_3_13_matcher_form_read_back_as_their_candidates(
             "same dispatch and configuration as an earlier matcher"]
 
 
-_MASKED_ATTENTION = """
-#q = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>
-#k = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>
-#v = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
-#s = affine_map<(d0, d1, d2, d3, d4) -> ()>
-#mask = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d4)>
-#o = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>
-#row = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1)>
-module attributes {transform.with_named_sequence} {
-  transform.named_sequence @match_masked(%op: !transform.any_op {transform.readonly})
-      -> (!transform.any_op, !transform.any_param, !transform.any_param) {
-    %b, %m, %n, %k1, %k2 = transform.iree.match.online_attention %op, query_type = f16,
-        key_type = f16, value_type = f16, scale_type = f16, output_type = f32, max_type = f32,
-        sum_type = f32, indexing_maps = [#q, #k, #v, #s, #mask, #o, #row, #row]
-        : !transform.any_op -> !transform.param<i64>
-    transform.iree.match.dims_equal %m, [256] : !transform.param<i64>
-    %config = transform.param.constant #iree_codegen.compilation_info<lowering_config =
-        #iree_gpu.lowering_config<{workgroup = [1, 64, 0, 0, 0]}>, translation_info =
-        #iree_codegen.translation_info<pipeline = #iree_gpu.pipeline<VectorDistribute>
-        workgroup_size = [256] subgroup_size = 64>> -> !transform.any_param
-    %decomposition = transform.param.constant {qk_attrs = {}, pv_attrs = {}} -> !transform.any_param
-    transform.yield %op, %config, %decomposition
-        : !transform.any_op, !transform.any_param, !transform.any_param
-  }
-}
-"""
-
-
-def test_a_masked_attention_matcher_that_names_no_mask_type_is_skipped(tmp_path: Path) -> None:
+def test_a_masked_attention_matcher_that_names_no_mask_type_is_skipped() -> None:
     """The matcher names the mask's map but not its element type: skipped, saying so."""
-    path = tmp_path / "masked.mlir"
-    path.write_text(_MASKED_ATTENTION)
-    (entry,) = load_spec_file(path)
+    (entry,) = load_spec_file(FIXTURES / "masked_attention_no_mask_type.mlir")
     assert not entry.usable and "names no mask type" in entry.skipped, entry.skipped
 
 
@@ -292,44 +262,11 @@ def test_dag_matchers_rooted_at_other_convolutions() -> None:
     }
 
 
-_SHAPE_FREE_ATTENTION_V_NOT_TRANSPOSED = """
-#q = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d2, d4)>
-#k = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d5, d4)>
-#v = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d5, d3)>
-#s = affine_map<(d0, d1, d2, d3, d4, d5) -> ()>
-#o = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d2, d3)>
-#row = affine_map<(d0, d1, d2, d3, d4, d5) -> (d0, d1, d2)>
-module attributes {transform.with_named_sequence} {
-  transform.named_sequence @match_attention_any(%op: !transform.any_op {transform.readonly})
-      -> (!transform.any_op, !transform.any_param, !transform.any_param) {
-    %b, %m, %n, %k1, %k2 = transform.iree.match.online_attention %op, query_type = f16,
-        key_type = f16, value_type = f16, scale_type = f16, output_type = f32, max_type = f32,
-        sum_type = f32, indexing_maps = [#q, #k, #v, #s, #o, #row, #row]
-        : !transform.any_op -> !transform.param<i64>
-    %config = transform.param.constant #iree_codegen.compilation_info<lowering_config =
-        #iree_gpu.lowering_config<{promote_operands = [1, 2], reduction = [0, 0, 0, 0, 0, 64],
-        workgroup = [1, 1, 128, 0, 0, 0]}>, translation_info = #iree_codegen.translation_info<
-        pipeline = #iree_gpu.pipeline<VectorDistribute> workgroup_size = [256] subgroup_size = 64>>
-        -> !transform.any_param
-    %decomposition = transform.param.constant {pv_attrs = {lowering_config =
-        #iree_gpu.lowering_config<{mma_kind = #iree_gpu.mma_layout<MFMA_F32_32x32x8_F16>,
-        promote_operands = [1], subgroup_basis = [[1, 1, 4, 1, 1, 1], [0, 1, 2, 3, 5]]}>},
-        qk_attrs = {lowering_config = #iree_gpu.lowering_config<{mma_kind =
-        #iree_gpu.virtual_mma_layout<VMFMA_F32_32x32x16_F16>, promote_operands = [1],
-        subgroup_basis = [[1, 1, 4, 1, 1, 1], [0, 1, 2, 4, 5]]}>}} -> !transform.any_param
-    transform.yield %op, %config, %decomposition
-        : !transform.any_op, !transform.any_param, !transform.any_param
-  }
-}
-"""
-
-
-def test_a_shape_free_attention_matcher_keeps_its_own_layout(tmp_path: Path) -> None:
+def test_a_shape_free_attention_matcher_keeps_its_own_layout() -> None:
     """No sizes named: one entry per SDXL shape, but in the matcher's layout (V is [B, H, K2, N]
     here, not the SDXL export's [B, H, N, K2])."""
-    path = tmp_path / "attention.mlir"
-    path.write_text(_SHAPE_FREE_ATTENTION_V_NOT_TRANSPOSED)
-    entries = [e for e in load_spec_file(path) if e.usable]
+    entries = [e for e in load_spec_file(FIXTURES / "shape_free_attention_v_not_transposed.mlir")
+               if e.usable]
     assert [e.problem.loop_sizes for e in entries if e.problem] == list(SDXL_ATTENTION_SHAPES)
     first = entries[0].problem
     assert first is not None
