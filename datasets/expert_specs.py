@@ -260,12 +260,8 @@ def _dag_problem(body: str, name: str) -> Problem | None:
         problem = Problem.batch_matmul(b, m, n, k, lhs_type, rhs_type, out_type,
                                        transpose_b=bool(named.group(1)))
         return dataclasses.replace(problem, name=name)
-    maps = _MAP_TEXT.findall(body.split("linalg.generic", 1)[1])[:3] if "linalg.generic" in body \
-        else []
-    if len(args) == 3 and len(maps) == 3 and "*" not in "".join(maps) and "+" not in "".join(maps):
-        return contraction_problem(maps, [a[0] for a in args], [a[1] for a in args], name)
-    # Any other root (a generic convolution, other named convolutions and contractions): the
-    # block is parsed with IREE's bindings and the op classified as IREE does.
+    # Any other root (a generic contraction or convolution, other named ones): the block is
+    # parsed with IREE's bindings and the op classified as IREE does.
     return _parsed_dag_problem(body, name)
 
 
@@ -287,18 +283,16 @@ def _parsed_dag_problem(body: str, name: str) -> Problem | None:
         root = next((op for op in reversed(ops) if op.name.startswith("linalg.")), None)
         if root is None or not (linalg.isa_contraction_op(root) or linalg.isa_convolution_op(root)):
             return None
-        maps = [str(attr.value) for attr in linalg.get_indexing_maps(root)]
+        affine = [attr.value for attr in linalg.get_indexing_maps(root)]
+        maps = [f"affine_map<{m}>" for m in affine]
         values = [*list(root.operands)[: len(maps) - 1], root.results[0]]
         typed = [_tensor(str(v.type)[len("tensor<"):-1]) for v in values]
         if linalg.isa_contraction_op(root):
-            return contraction_problem([f"affine_map<{m}>" for m in maps],
-                                       [t[0] for t in typed], [t[1] for t in typed], name)
-        affine = _affine_maps([f"affine_map<{m}>" for m in maps])
+            return contraction_problem(maps, [t[0] for t in typed], [t[1] for t in typed], name)
         known = {int(e.position): size for amap, (shape, _) in zip(affine, typed, strict=True)
                  for e, size in zip(amap.results, shape, strict=True)
                  if isinstance(e, ir.AffineDimExpr) and size > 0}
-    return convolution_problem([f"affine_map<{m}>" for m in maps], {},
-                               [t[1] for t in typed], name, known)
+    return convolution_problem(maps, {}, [t[1] for t in typed], name, known)
 
 
 def _braced(text: str, start: int) -> str:
