@@ -31,6 +31,7 @@ from dispatchtune.datasets.expert_specs import (
     ExpertConfig,
     ExpertEntry,
     expert_columns,
+    gemm_classes,
     load_spec_dir,
 )
 from dispatchtune.errors import DispatchTuneError
@@ -163,11 +164,8 @@ def _loop_map(space: GpuSpace, problem: Problem, n_entries: int) -> dict[int, tu
     """Each loop of the constraint set -> the problem loops it stands for (class by class)."""
     if n_entries != len(problem.loop_sizes):
         return None  # an implicit-GEMM or unit-folded config: not related loop by loop here
-    if problem.kind == "convolution":
-        ours = {"b": problem.loops("depth"),
-                "m": (*problem.loops("batch"), *problem.loops("output_image")),
-                "n": problem.loops("output_channel"),
-                "k": (*problem.loops("filter_loop"), *problem.loops("input_channel"))}
+    if problem.kind == "convolution":  # IREE states direct convolutions in the GEMM view
+        ours = gemm_classes(problem)
         if len(space.loop_bounds) != len(problem.loop_sizes):
             return None
     else:

@@ -836,7 +836,7 @@ def _gemm_view(
     The op's own loops, or for a convolution configured as an implicit GEMM IREE's IGEMM loops;
     either without its unit-extent loops when the lists are that much shorter (IREE folds unit
     dimensions, e.g. batch 1, before configuring the op)."""
-    views = [(_classes(problem), problem.loop_sizes)]
+    views = [(gemm_classes(problem), problem.loop_sizes)]
     if problem.kind == "convolution" and n_entries != len(problem.loop_sizes):
         views.append(_igemm_view(problem.to_mlir(), problem.key))
     for classes, sizes in views:
@@ -889,7 +889,7 @@ def _igemm_view(
     return classes, bounds
 
 
-def _classes(problem: Problem) -> dict[str, tuple[int, ...]]:
+def gemm_classes(problem: Problem) -> dict[str, tuple[int, ...]]:
     """Loops of the GEMM view: convolutions fold batch/image into M and filter/channels into K."""
     if problem.kind == "attention":  # the Q x K^T GEMM view, as `search.gpu`
         return {"b": problem.loops("batch"), "m": problem.loops("m"), "n": problem.loops("k2"),
