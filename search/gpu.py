@@ -238,23 +238,25 @@ def violated_constraints(
     from z3.z3util import get_vars
 
     source, _ = constraint_source(problem, target)
-    text = constraints_module(source, target)
+    with ir.Context():
+        module = ir.Module.parse(constraints_module(source, target))  # held: its ops die with it
+        op = _constraint_ops(module)[space.index]
+        if not heuristic_filters:
+            drop_heuristic_filters(op)
+        messages = [ir.StringAttr(a.attributes["msg"]).value for a in _assert_ops(op)]
 
-    def converted(keep: int | None) -> tuple[str, list[str]]:
-        """SMT-LIB of the op with only assertion `keep` (None: none), and every message."""
-        with ir.Context():
-            module = ir.Module.parse(text)  # held: its ops die with it
-            op = _constraint_ops(module)[space.index]
-            if not heuristic_filters:
-                drop_heuristic_filters(op)
-            asserts = _assert_ops(op)
-            messages = [ir.StringAttr(a.attributes["msg"]).value for a in asserts]
-            for i, assertion in enumerate(asserts):
+        def converted(keep: int | None) -> str:
+            """SMT-LIB of the op with only assertion `keep` (None: none), from a copy."""
+            copy = op.clone(ip=ir.InsertionPoint(op))
+            for i, assertion in enumerate(_assert_ops(copy)):
                 if i != keep:
                     assertion.erase()
-            return iree_codegen.convert_constraints_op_to_smtlib(op), messages
+            text = iree_codegen.convert_constraints_op_to_smtlib(copy)
+            copy.erase()
+            return text
 
-    base_text, messages = converted(None)
+        base_text = converted(None)
+        texts = [converted(i) for i in range(len(messages))]
     base = list(z3.parse_smt2_string(base_text))
     known = {str(f.sexpr()) for f in base}
     solver = z3.Solver()
@@ -262,8 +264,8 @@ def violated_constraints(
     solver.add(*base)
     for name, value in values.items():
         solver.add(z3.Int(name) == value)
-    for i in range(len(messages)):
-        extra = [f for f in z3.parse_smt2_string(converted(i)[0]) if str(f.sexpr()) not in known]
+    for i, text in enumerate(texts):
+        extra = [f for f in z3.parse_smt2_string(text) if str(f.sexpr()) not in known]
         if not extra:
             continue
         if all(str(v).startswith("problem_dim_") for f in extra for v in get_vars(f)):
