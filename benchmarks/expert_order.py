@@ -98,11 +98,12 @@ def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = Tru
 def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.ndarray, str]:
     """Rows equal to the expert configuration, and (if none) the first attribute that fails."""
     mask = np.ones(len(table), dtype=bool)
-    # Attention also names its value-head (N) workgroup tile, seen only through the workgroups;
-    # convolutions their lowering (direct or implicit GEMM) and how M splits over the image;
-    # waves-per-eu counts when the space enumerates it (`measure` then names it).
-    optional = [c for c in ("workgroups", "igemm", "tile_oh", "tile_ow", "waves_per_eu")
-                if c in expert]
+    # Attention also names its value-head (N) workgroup tile, seen only through the workgroups,
+    # and its P x V intrinsic; convolutions their lowering (direct or implicit GEMM) and how M
+    # splits over the image; waves-per-eu counts when the space enumerates it (`measure` then
+    # names it).
+    optional = [c for c in ("workgroups", "pv_intrinsic", "igemm", "tile_oh", "tile_ow",
+                            "waves_per_eu") if c in expert and c in table]
     for column in (*MATCH_COLUMNS, *optional):
         narrowed = mask & (table[column].to_numpy() == expert[column])
         if not narrowed.any():

@@ -155,10 +155,10 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
               hard_negatives: int = 0, listwise: float = 0.0) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
-    pipelines = np.concatenate([d[2]["pipeline"].astype(str).to_numpy() for d in data])
+    table = pd.concat([d[2] for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
                           listwise=listwise)
-    return model.fit(features, labels, groups, pipelines)
+    return model.fit(features, labels, groups, table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

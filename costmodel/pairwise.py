@@ -4,17 +4,18 @@ Ground truth for GPU orders here is not timings but choices: an expert shipped o
 of a dispatch, so it ranks above the other candidates of that dispatch (IREE's own default is a
 weaker positive). The model is logistic regression on feature differences of such pairs, so
 `predict` is a plain linear score on a fixed basis: log2 of a few GPU features, their squares, the
-handwritten heuristic's term scores and whether the row is a VectorDistribute one, each
-standardised within the candidate set being ranked (one call = one dispatch's candidates; the
-scale of a feature differs a lot between dispatches, its rank within one does not). The pipeline
-is not a feature (the feature schema is shared with the CPU models), so it comes from the
-candidate table: `predict_candidates(features, table)`, which `costmodel.rank` calls when a model
-has it; `predict(features)` alone leaves that column at 0 (held out, this loses most of the
-prior's advantage: docs/gpu_order.md). Training can average the pairwise weights with those of
-a listwise (softmax over each dispatch) fit on the same basis; the result is still one linear
-score. One weight array, saved by `costmodel/modelfile.py`
-as the "pairwise" kind. See docs/gpu_order.md for how the shipped gfx942
-model is trained and how it does on held-out spec files.
+handwritten heuristic's term scores, whether the row is a VectorDistribute one and two columns of
+IREE's intrinsic layouts (`TABLE_COLUMNS`), each standardised within the candidate set being
+ranked (one call = one dispatch's candidates; the scale of a feature differs a lot between
+dispatches, its rank within one does not). The pipeline and the layout columns are not features
+(the feature schema is shared with the CPU models), so they come from the candidate table:
+`predict_candidates(features, table)`, which `costmodel.rank` calls when a model has it;
+`predict(features)` alone leaves those columns at 0 (held out, this loses most of the prior's
+advantage: docs/gpu_order.md). Training can average the pairwise weights with those of a
+listwise (softmax over each dispatch) fit on the same basis; the result is still one linear
+score. One weight array, saved by `costmodel/modelfile.py` as the "pairwise" kind. See
+docs/gpu_order.md for how the shipped gfx942 model is trained and how it does on held-out spec
+files.
 """
 
 from __future__ import annotations
@@ -43,12 +44,22 @@ BASIS_FEATURES: tuple[str, ...] = (
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 
 
-def basis(features: pd.DataFrame, pipelines: Any = None, kind_terms: bool = False) -> np.ndarray:
+#: Candidate-table columns the basis takes as they are (they are not features: the feature
+#: schema is shared with the CPU models): the intrinsic's contiguous operand bits and, for
+#: attention, whether P changes layout between its two matmuls (both from IREE's intrinsic
+#: layouts; held out they order attention's intrinsic pairs: docs/gpu_order.md, part 10). A table
+#: without a column (CPU, older enumerations) gives 0, which standardises away.
+TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout")
+
+
+def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
+          kind_terms: bool = False) -> np.ndarray:
     """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, the
-    heuristic's term scores and VectorDistribute (1/0; 0 without `pipelines`); standardised over
-    the rows given (one candidate set). `kind_terms`: the same columns again, times 1 on attention
-    rows (else 0), so attention gets its own weights on top of the shared ones (one candidate set
-    is one op, so the flag is constant within it and comparisons stay within a kind)."""
+    heuristic's term scores, VectorDistribute (1/0) and the `TABLE_COLUMNS` of the candidate
+    `table` (the same rows; without it those columns are 0); standardised over the rows given
+    (one candidate set). `kind_terms`: the same columns again, times 1 on attention rows (else
+    0), so attention gets its own weights on top of the shared ones (one candidate set is one
+    op, so the flag is constant within it and comparisons stay within a kind)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
     missing = [name for name in BASIS_FEATURES if name not in features.columns]
@@ -56,10 +67,17 @@ def basis(features: pd.DataFrame, pipelines: Any = None, kind_terms: bool = Fals
         raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
     x = np.log2(np.maximum(features[list(BASIS_FEATURES)].to_numpy(np.float64), 2.0**-10))
     terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
-    vd = np.zeros((len(x), 1))
-    if pipelines is not None:
-        vd[:, 0] = np.asarray(pipelines).astype(str) == "VectorDistribute"
-    z = np.hstack([x, x**2 / 10.0, terms, vd])
+    own = np.zeros((len(x), 1 + len(TABLE_COLUMNS)))
+    if table is not None:
+        if len(table) != len(x):
+            raise InputError("the candidate table and the feature table differ in rows")
+        if "pipeline" in table:
+            own[:, 0] = table["pipeline"].astype(str).to_numpy() == "VectorDistribute"
+        for i, name in enumerate(TABLE_COLUMNS, start=1):
+            if name in table:
+                # NaN where concatenated tables of other kinds lack the column.
+                own[:, i] = np.nan_to_num(table[name].to_numpy(np.float64))
+    z = np.hstack([x, x**2 / 10.0, terms, own])
     z = (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
     if kind_terms:
         attention = features["kind_attention"].to_numpy(np.float64)[:, None] > 0
@@ -78,7 +96,7 @@ def basis_names(kind_terms: bool = False) -> list[str]:
     probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
     terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
     names = ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
-             + terms + ["vector_distribute"])
+             + terms + ["vector_distribute", *TABLE_COLUMNS])
     return names + [f"attention_{n}" for n in names] if kind_terms else names
 
 
@@ -120,9 +138,10 @@ class PairwiseModel(CostModel):
         return self.weights is not None
 
     def fit(self, features: pd.DataFrame, labels: Any, groups: Any = None,
-            pipelines: Any = None) -> PairwiseModel:
+            table: pd.DataFrame | None = None) -> PairwiseModel:
         """`labels`: POSITIVE for expert rows, WEAK_POSITIVE for IREE's default, 0 otherwise;
-        `groups`: the dispatch of each row; `pipelines`: each row's pipeline name. Each positive is
+        `groups`: the dispatch of each row; `table`: each row's candidate-table row (its pipeline
+        and `TABLE_COLUMNS`; the candidate tables of the groups, concatenated). Each positive is
         paired with up to `pairs` rows of its group labelled lower (both orientations, so no
         intercept is needed). With `hard_negatives` = h, a second fit adds, for each positive,
         pairs with the h lower rows the first fit scores highest: the order is judged at its top,
@@ -140,8 +159,7 @@ class PairwiseModel(CostModel):
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
             z[rows] = basis(features.iloc[rows],
-                            None if pipelines is None else np.asarray(pipelines)[rows],
-                            kind_terms)
+                            None if table is None else table.iloc[rows], kind_terms)
         rng = np.random.default_rng(self.seed)
         diffs, weights = [], []
         for group in pd.unique(g):
@@ -220,11 +238,11 @@ class PairwiseModel(CostModel):
         return self.predict_candidates(features, None)
 
     def predict_candidates(self, features: pd.DataFrame, table: pd.DataFrame | None) -> np.ndarray:
-        """Scores of one candidate set, its pipelines read from the candidate `table`."""
+        """Scores of one candidate set, its pipelines and `TABLE_COLUMNS` read from the
+        candidate `table`."""
         if self.weights is None:
             raise InputError("the pairwise model is not trained")
-        pipelines = None if table is None or "pipeline" not in table else table["pipeline"]
-        z = basis(features, pipelines, self.kind_terms)
+        z = basis(features, table, self.kind_terms)
         # Rounded so that candidates equal on every basis feature tie exactly.
         return np.round(z @ self.weights, 9)
 

@@ -82,6 +82,7 @@ class ExpertConfig:
     workgroup_size: tuple[int, ...]
     subgroup_size: int
     waves_per_eu: int = 0  # 0 = compiler default
+    pv_intrinsic: str = ""  # attention: the P x V intrinsic (`intrinsic` is the Q x K^T one)
     syntax: str = "current"  # "current", "tileandfuse-2025", "modernised" (other older) or "2024"
 
 
@@ -608,6 +609,7 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
         qk = iree_gpu.LoweringConfigAttr(parts["qk_attrs"]["lowering_config"])
         pv = iree_gpu.LoweringConfigAttr(parts["pv_attrs"]["lowering_config"])
         intrinsic = re.sub(r".*<(\w+).*", r"\1", str(qk.mma_kind))
+        pv_intrinsic = re.sub(r".*<(\w+).*", r"\1", str(pv.mma_kind))
         # A basis is (counts, one count index per loop of its matmul: the op's loops without N
         # for Q x K^T, without K1 for P x V).
         m_loop, n_loop = problem.loops("m")[-1], problem.loops("n")[-1]
@@ -624,7 +626,7 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
     return ExpertConfig(
         pipeline=pipeline, workgroup=workgroup, reduction=reduction, intrinsic=intrinsic,
         mma_shape=_mma_shape(intrinsic), subgroup_counts=counts, workgroup_size=wg_size,
-        subgroup_size=sg_size, waves_per_eu=waves,
+        subgroup_size=sg_size, waves_per_eu=waves, pv_intrinsic=pv_intrinsic,
     )
 
 
@@ -691,7 +693,7 @@ def modernise(text: str) -> tuple[str, dict[str, int | str]]:
     text = re.sub(r"translation_info\s*=\s*<", "translation_info = #iree_codegen.translation_info<",
                   text)
     text = _OLD_PIPELINE.sub(pipeline, text)
-    text = re.sub(r"mma_layout<(\w+)>", lambda m: f"mma_layout<{current_intrinsic(m.group(1))}>", text)
+    text = re.sub(r"mma_layout<(\w+)", lambda m: f"mma_layout<{current_intrinsic(m.group(1))}", text)
     # IREE 3.13 spells shared-memory prefetching as a stage count.
     text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")
     text = text.replace("prefetch_shared_memory = false", "prefetch_num_stages = 0")
@@ -699,7 +701,7 @@ def modernise(text: str) -> tuple[str, dict[str, int | str]]:
     found = _MMA_SCHEDULE.search(text)
     if found:
         group = _balanced(text, found.end())
-        intrinsic = re.search(r"mma_layout<(\w+)>", group)
+        intrinsic = re.search(r"mma_layout<(\w+)", group)
         counts = {k: int(v) for k, v in re.findall(r"(subgroup_[mn]_count)\s*=\s*(\d+)", group)}
         schedule = {**counts, **({"intrinsic": intrinsic.group(1)} if intrinsic else {})}
         text = text[: found.start()] + text[found.end() + len(group):]
@@ -777,7 +779,7 @@ def _parse_2024(text: str, problem: Problem) -> ExpertConfig:
     reduction = tuple(t if i in reduction_loops else 0 for i, t in enumerate(clamp))
     text, schedule = modernise(text)
     pipeline = re.search(r"pipeline<(\w+)>", text)
-    layout = re.search(r"mma_layout<(\w+)>", text)
+    layout = re.search(r"mma_layout<(\w+)", text)
     intrinsic = str(schedule.get("intrinsic") or (layout.group(1) if layout else ""))
     if not intrinsic:
         raise InputError("no intrinsic (mma_schedule or mma_kind) in the configuration")
@@ -931,6 +933,8 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
         columns["workgroups"] = math.prod(
             -(-problem.loop_sizes[i] // (config.workgroup[i] or problem.loop_sizes[i]))
             for i in distributed)
+        if config.pv_intrinsic:
+            columns["pv_intrinsic"] = config.pv_intrinsic
     if problem.kind == "convolution":
         # How M splits over the output image and the lowering tell convolutions' rows apart.
         image = classes["image"]

@@ -72,6 +72,13 @@ class GpuSpace:
     fixed: Mapping[str, int]  # template literals worth a column (e.g. prefetch_num_stages)
     kind: str = "contraction"  # the root op kind: contraction, convolution or attention
     mma_knob: str = "mma_idx"  # the knob picking the intrinsic (attention: the Q x K^T one)
+    #: Per intrinsic option: bits a lane reads contiguously per element vector of operand A.
+    operand_bits: tuple[int, ...] = ()
+    #: Attention: the knob picking the P x V intrinsic, its options, and per (Q x K^T option,
+    #: P x V option) 1 when P must change layout between the two matmuls (see `_p_relayout`).
+    pv_knob: str = ""
+    pv_intrinsics: tuple[str, ...] = ()
+    p_relayout: tuple[tuple[int, ...], ...] = ()
     #: Loops of the problem that IREE's constraints do not cover (batch loops of a contraction
     #: whose constraints come from its batch-less equivalent): workgroup tile 1, not reduced.
     batch_loops: tuple[int, ...] = ()
@@ -85,7 +92,8 @@ _SOURCES: dict[tuple[str, str], tuple[Problem, tuple[int, ...]]] = {}
 
 
 def constraints_module(problem: Problem, target: Target) -> str:
-    """The dispatch configured by IREE with the SMT constraints kept in the IR (MLIR text)."""
+    """The dispatch configured by IREE with the SMT constraints kept in the IR (MLIR text), its
+    knob template's attention intrinsics oriented as IREE's own configuration orients them."""
     key = (problem.key, target.name)
     if key not in _MODULES:
         proc = run_tool(
@@ -102,7 +110,7 @@ def constraints_module(problem: Problem, target: Target) -> str:
                 f"iree-compile could not emit constraints for {problem.describe()} on "
                 f"{target.name}: {reason}"
             )
-        _MODULES[key] = proc.stdout
+        _MODULES[key] = _default_orientation(proc.stdout)
     return _MODULES[key]
 
 
@@ -165,6 +173,34 @@ def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
         indexing_maps=tuple(maps),
         op_name="linalg.generic",
     )
+
+
+_DEFAULT_MMA = re.compile(
+    r"\b(qk|pv)_attrs = \{lowering_config = #iree_gpu\.lowering_config<\{mma_kind = "
+    r"#iree_gpu\.(?:virtual_)?mma_layout<\w+(, col_major = true)?>")
+_TEMPLATE_MMA = re.compile(
+    r"(\b(qk|pv)_attrs = \{lowering_config = #iree_gpu\.lowering_config<\{mma_kind = "
+    r"#iree_codegen\.smt\.one_of_knob<\"\w+\", \[)([^\]]*)")
+
+
+def _default_orientation(module: str) -> str:
+    """The constraints module with its attention knob template's intrinsics oriented as IREE's own
+    configuration of the op orients them (`col_major`).
+
+    IREE 3.13 configures attention with `col_major = true` intrinsics on gfx942, so that P, the
+    Q x K^T result, is held the way P x V reads it, but its knob template lists the intrinsics
+    without it. Compiled as listed, the same tiles move P through shared memory and store the
+    output 16 bits at a time (gfx942 ISA: 32 `ds_write_b16` + 32 `buffer_store_short` against 8
+    `buffer_store_dwordx2`; docs/gpu_order.md, part 10)."""
+    oriented = {m.group(1) for m in _DEFAULT_MMA.finditer(module) if m.group(2)}
+
+    def orient(m: re.Match[str]) -> str:
+        if m.group(2) not in oriented:
+            return m.group(0)
+        options = re.sub(r"(mma_layout<\w+)>", r"\1, col_major = true>", m.group(3))
+        return m.group(1) + options
+
+    return _TEMPLATE_MMA.sub(orient, module) if oriented else module
 
 
 def _ops_named(root: Any, name: str) -> list[Any]:
@@ -417,14 +453,25 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     mma_knob = "mma_idx"
     intrinsics: tuple[str, ...] = ()
     shapes: tuple[tuple[int, int, int], ...] = ()
+    layouts: list[MmaLayouts | None] = []
+    pv_knob = ""
+    pv_intrinsics: tuple[str, ...] = ()
+    relayout: tuple[tuple[int, ...], ...] = ()
     if decomposition is not None:
         # Attention: intrinsics and subgroup counts live in the decomposition config of its
         # Q x K^T (`qk_attrs`) and P x V (`pv_attrs`) matmuls; IREE asserts both share M/N.
         qk = iree_gpu.LoweringConfigAttr(decomposition["qk_attrs"]["lowering_config"]).attributes
+        pv = iree_gpu.LoweringConfigAttr(decomposition["pv_attrs"]["lowering_config"]).attributes
         mma_knob, intrinsics, shapes = _intrinsics(qk["mma_kind"])
+        pv_knob, pv_intrinsics, _ = _intrinsics(pv["mma_kind"])
+        layouts = [_mma_layouts(option) for option in _options(qk["mma_kind"])]
+        pv_layouts = [_mma_layouts(option) for option in _options(pv["mma_kind"])]
+        relayout = tuple(tuple(_p_relayout(q, p) for p in pv_layouts) for q in layouts)
         counts = _entries(ir.ArrayAttr(qk["subgroup_basis"])[0])
     elif "mma_kind" in template:
         mma_knob, intrinsics, shapes = _intrinsics(template["mma_kind"])
+        layouts = [_mma_layouts(option) for option in _options(template["mma_kind"])]
+    operand_bits = tuple(layout.operand_bits if layout else 0 for layout in layouts)
     fixed: dict[str, int] = {}
     options_attr = None  # DictAttr.get is a constructor, not dict.get
     if "gpu_pipeline_options" in template:
@@ -494,7 +541,16 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
         reduction=reduction, subgroup_counts=counts, subgroup=subgroup, classes=classes, loop_bounds=bounds,
         intrinsics=intrinsics, mma_shapes=shapes, igemm=igemm or igemm_fixed,
         image_loops=image_loops, fixed=fixed, kind=kind, mma_knob=mma_knob,
+        operand_bits=operand_bits, pv_knob=pv_knob, pv_intrinsics=pv_intrinsics,
+        p_relayout=relayout,
     )
+
+
+def _options(kind: Any) -> list[Any]:
+    """The `mma_kind` attributes a template entry allows (one unless it is a one-of knob)."""
+    from iree.compiler.dialects import iree_codegen
+
+    return list(kind.options) if isinstance(kind, iree_codegen.OneOfKnobAttr) else [kind]
 
 
 def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, int], ...]]:
@@ -502,10 +558,10 @@ def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, 
     from iree.compiler.dialects import iree_codegen, iree_gpu
 
     one_of = isinstance(kind, iree_codegen.OneOfKnobAttr)
-    options = list(kind.options) if one_of else [kind]
+    options = _options(kind)
     names, shapes = [], []
     for option in options:
-        names.append(re.sub(r".*<(\w+)>.*", r"\1", str(option)))
+        names.append(re.sub(r".*<(\w+).*", r"\1", str(option)))
         try:
             mnk = iree_gpu.MMAAttr(option).mnk_shape
         except (TypeError, ValueError):
@@ -513,6 +569,63 @@ def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, 
         shapes.append((int(mnk[0]), int(mnk[1]), int(mnk[2])))
     knob = str(iree_codegen.OneOfKnobAttr(kind).name) if one_of else "mma_idx"
     return knob, tuple(names), tuple(shapes)
+
+
+Layout = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]  # thread, tstrides, element
+
+
+@dataclass(frozen=True)
+class MmaLayouts:
+    """How one lane holds an intrinsic's A, B and C fragments (IREE's single-subgroup layouts)."""
+
+    a: Layout
+    b: Layout
+    c: Layout
+    col_major: bool  # the intrinsic computes C^T (operands swapped)
+    operand_bits: int  # bits a lane reads contiguously per element vector of A
+
+
+def _mma_layouts(option: Any) -> MmaLayouts | None:
+    """`MmaLayouts` of one `mma_kind` option; None for kinds IREE gives no layout for."""
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_gpu
+
+    virtual = not iree_gpu.MMAAttr.isinstance(option)
+    try:
+        attr = iree_gpu.VirtualMMAAttr(option) if virtual else iree_gpu.MMAAttr(option)
+        name = re.sub(r".*<(\w+).*", r"\1", str(option))
+        kind = "virtual_mma_intrinsic" if virtual else "mma_intrinsic"
+        intrinsic = ir.Attribute.parse(f"#iree_gpu<{kind} {name}>")
+        fragments: list[Layout] = []
+        for fragment in range(3):
+            layout = iree_gpu.get_single_subgroup_layout(intrinsic, fragment)
+            fragments.append((tuple(layout.thread), tuple(layout.tstrides), tuple(layout.element)))
+        width = ir.VectorType(attr.abc_vector_types[0]).element_type.width
+    except (TypeError, ValueError, AttributeError):  # not an MMA kind IREE describes
+        return None
+    if not fragments[0][2]:
+        return None
+    a, b, c = fragments
+    return MmaLayouts(a, b, c, col_major=bool(attr.col_major),
+                      operand_bits=math.prod(a[2]) * int(width))
+
+
+def _p_relayout(qk: MmaLayouts | None, pv: MmaLayouts | None) -> int:
+    """1 when attention's P, the Q x K^T result, is not held the way the P x V intrinsic reads
+    it, so every tile of P is shuffled across lanes between the two matmuls (0 when it stays in
+    registers as it is; unknown layouts count as shuffled).
+
+    P is [M, K2]. Q x K^T holds it as its C fragment, transposed when col_major. P x V reads it
+    as its A fragment ([M, K2]), or as B ([K2, M]) when col_major computes O^T = V^T P^T."""
+    if qk is None or pv is None:
+        return 1
+    held = qk.c if qk.col_major else _transposed(qk.c)  # as [K2, M]
+    read = pv.b if pv.col_major else _transposed(pv.a)
+    return int(held != read)
+
+
+def _transposed(layout: Layout) -> Layout:
+    return (layout[0][::-1], layout[1][::-1], layout[2][::-1])
 
 
 def _root_for(op: Any, roots: list[Any]) -> Any:
@@ -611,6 +724,13 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         )
         # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
         extra["tile_v"] = _attention_value_tile(space, value, rows)
+        pv_idx = value(space.pv_knob) if space.pv_knob in cols else np.zeros(rows, np.int64)
+        pv_idx = np.clip(pv_idx, 0, max(len(space.pv_intrinsics) - 1, 0))
+        qk_idx = np.clip(mma_idx, 0, max(len(space.intrinsics) - 1, 0))
+        extra["pv_intrinsic"] = np.array(space.pv_intrinsics or [""], dtype=object)[pv_idx]
+        relayout = np.array(space.p_relayout or [[1]], dtype=np.int64)
+        extra["p_relayout"] = relayout[np.minimum(qk_idx, len(relayout) - 1),
+                                       np.minimum(pv_idx, relayout.shape[1] - 1)]
     else:
         k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
         tile_b = tile(space.workgroup, space.classes["b"], None)
@@ -651,6 +771,8 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "vec_m": vec_m, "vec_n": vec_n,
         "workgroups": workgroups,
         "intrinsic": intrinsic, "mma_m": mma[:, 0], "mma_n": mma[:, 1], "mma_k": mma[:, 2],
+        "operand_bits": np.array(space.operand_bits or [0], dtype=np.int64)[
+            np.clip(mma_idx, 0, max(len(space.operand_bits) - 1, 0))],
         "subgroups_m": sub_m, "subgroups_n": sub_n,
         "subgroup_size": value("sg_size") if "sg_size" in cols else np.zeros(rows, np.int64),
         "workgroup_threads": threads, "prefetch_stages": stages,
@@ -780,14 +902,19 @@ class GpuMaterializer:
         self.module_text = module_text
         self.knobs = {s.index: s.knobs for s in spaces}
         self.batch_loops = {s.index: s.batch_loops for s in spaces}
+        # Loop bounds of the TileAndFuse contraction spaces whose rows may need `padding`
+        # (`_with_padding`; convolutions' filter loops are not in intrinsic units: not measured).
+        self.padded = {s.index: s.loop_bounds for s in spaces
+                       if s.pipeline == "TileAndFuse" and s.kind == "contraction"}
         self._state: tuple[Any, Any, list[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"module_text": self.module_text, "knobs": self.knobs,
-                "batch_loops": self.batch_loops, "_state": None}
+                "batch_loops": self.batch_loops, "padded": self.padded, "_state": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update({"batch_loops": {}, **state})  # pickles from before batch loops
+        # Pickles from before batch loops or padding.
+        self.__dict__.update({"batch_loops": {}, "padded": {}, **state})
 
     def _ops(self) -> tuple[Any, list[Any]]:
         from iree.compiler import ir
@@ -851,6 +978,10 @@ class GpuMaterializer:
                 for j, i in enumerate(members.tolist()):
                     out[i] = self._materialize(ops[space], names, values, j, int(waves[i]),
                                                batch)
+            if self.padded:
+                mma_k = rows["mma_k"].to_numpy(dtype=np.int64)
+                for i in np.flatnonzero(np.isin(spaces, list(self.padded))).tolist():
+                    out[i] = _with_padding(out[i], self.padded[int(spaces[i])], int(mma_k[i]))
         return out
 
     @staticmethod
@@ -876,6 +1007,30 @@ class GpuMaterializer:
                 continue  # chosen by the group: already spelled out in the text
             text = re.sub(rf"(?<![0-9]){sentinel}(?![0-9])", f"{{{n}}}", text)
         return text
+
+
+def _with_padding(info: str, bounds: Sequence[int], mma_k: int) -> str:
+    """A TileAndFuse `compilation_info` with IREE's `padding` when a loop is not a multiple of
+    its tile, else unchanged.
+
+    IREE's own TileAndFuse configs of unaligned problems pad every loop to its tile (workgroup
+    tile; reduction tile in elements, counted in intrinsic K units by the config); its knob
+    template leaves `padding` out, and without it every such candidate fails to compile
+    ("write affecting operations on shared resources are restricted to lane or thread", 77 x
+    131 x 999 f16 on gfx942). Aligned problems keep IREE's own text (no `padding`)."""
+    from iree.compiler import ir
+
+    tiles = [re.search(rf"\b{name} = \[([^\]]*)\]", info) for name in ("workgroup", "reduction")]
+    if tiles[0] is None or tiles[1] is None:
+        return info
+    workgroup, reduction = ([int(v) for v in m.group(1).split(",")] for m in tiles)
+    if len(workgroup) != len(bounds) or len(reduction) != len(bounds):
+        return info
+    padding = [w or r * mma_k for w, r in zip(workgroup, reduction, strict=True)]
+    if all(p == 0 or b % p == 0 for p, b in zip(padding, bounds, strict=True)):
+        return info
+    text = info.replace("lowering_config<{", f"lowering_config<{{padding = {padding}, ", 1)
+    return str(ir.Attribute.parse(text))  # in IREE's own key order, as applied configs print
 
 
 def enumerate_gpu(

@@ -36,6 +36,14 @@ GPU rows (CPU rows hold "" / 0)
     waves_per_eu (int)    AMD occupancy hint `amdgpu-waves-per-eu` when enumerated as an extra
                           knob (`extra_knobs={"waves_per_eu": ...}`); 0 = compiler default.
 
+GPU-only columns (absent from CPU tables; `search.gpu.gpu_columns`)
+    operand_bits (int)    bits a lane reads contiguously per element vector of the intrinsic's
+                          A operand (IREE's layout; virtual intrinsics differ from native ones).
+    tile_v (int)          attention: workgroup tile of the value head dim (N of P x V).
+    pv_intrinsic (str)    attention: the P x V intrinsic (`intrinsic` is the Q x K^T one).
+    p_relayout (int)      attention: 1 when P, the Q x K^T result, must change layout across
+                          lanes before P x V reads it; 0 when it stays in registers as it is.
+
 Raw knobs (int)
     knob_<name>           GPU: IREE's knob values exactly as its constraints name them (`wg_0`,
                           `red_2`, `sg_m_cnt`, `mma_idx`, ...); they are what
@@ -68,7 +76,7 @@ COLUMNS: tuple[str, ...] = (
     "workgroup_threads", "prefetch_stages", "waves_per_eu", "igemm", "tile_oh", "tile_ow",
     "vec_ow",
 )
-STRING_COLUMNS = ("pipeline", "intrinsic")
+STRING_COLUMNS = ("pipeline", "intrinsic", "pv_intrinsic")
 CPU_PIPELINES = ("DoubleTilingExpert", "ConvTileAndDecomposeExpert", "LinalgExtTileAndVectorize")
 GPU_PIPELINES = ("TileAndFuse", "VectorDistribute")
 

@@ -145,10 +145,13 @@ def test_attention_expert_read_by_meaning_and_found_in_the_real_space() -> None:
         "pipeline": "VectorDistribute", "intrinsic": "VMFMA_F32_32x32x16_F16", "tile_b": 1,
         "tile_m": 128, "tile_n": 64, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
         "workgroup_threads": 256, "workgroups": 2 * 20 * 1024 // 128,
+        "pv_intrinsic": "MFMA_F32_32x32x8_F16",
     }
     table = enumerate_candidates(entry.problem, "gfx942").table
     mask, why = expert_mask(table, cols)
-    assert mask.any(), why
+    # The P x V intrinsic tells the expert from its twin; its pair keeps P in registers.
+    assert mask.sum() == 1, why
+    assert table.loc[mask, "p_relayout"].tolist() == [0]
 
 
 def test_older_syntax_generations_and_skips_with_reasons() -> None:

@@ -142,12 +142,12 @@ def test_kind_terms_give_attention_weights_of_its_own() -> None:
     attention = Problem.attention(2, 256, 64, 64, 256, "f16")
     cands = enumerate_candidates(attention, GFX942)
     att = extract_features(attention, GFX942, cands.table)
-    z = basis(att, cands.table["pipeline"], kind_terms=True)
+    z = basis(att, cands.table, kind_terms=True)
     half = len(basis_names())
     assert z.shape == (len(att), 2 * half) and len(basis_names(kind_terms=True)) == 2 * half
     assert np.array_equal(z[:, :half], z[:, half:])
     mm = extract_features(SMALL, GFX942, _small().table)
-    assert not basis(mm, _small().table["pipeline"], kind_terms=True)[:, half:].any()
+    assert not basis(mm, _small().table, kind_terms=True)[:, half:].any()
     labels = np.zeros(len(att))
     labels[len(att) // 2] = POSITIVE
     model = PairwiseModel(c=1.0, kind_terms=True).fit(att, labels, np.zeros(len(att)))

@@ -280,6 +280,65 @@ def test_attention_candidates_apply_and_compile(tmp_path: Path) -> None:
             assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_oriented_attention_intrinsics_store_the_output_in_vectors(tmp_path: Path) -> None:
+    """On SDXL's attention layout, a 128 x 64 tile compiled with the intrinsics oriented as IREE
+    orients its own configs (`col_major`) stores the output in vectors; the same candidate as
+    IREE's knob template lists it stores it 16 bits at a time (gfx942 ISA)."""
+    from dispatchtune import load_problems
+    from dispatchtune.datasets.expert_specs import attention_problem
+
+    target = get_target("gfx942")
+    source = tmp_path / "attention.mlir"
+    source.write_text(attention_problem((2, 2, 512, 64, 64, 64), "f16").to_mlir())
+    (problem,) = load_problems(source, target)
+    cands = enumerate_candidates(problem, target, heuristic_filters=False)
+    t = cands.table
+    row = int(t.index[(t["tile_m"] == 128) & (t["tile_n"] == 64) & (t["p_relayout"] == 0)
+                      & (t["intrinsic"] == "VMFMA_F32_32x32x16_F16")][0])
+    oriented = cands.compilation_info(row)
+    stores = {}
+    for name, info in (("oriented", oriented), ("template", oriented.replace(", col_major = true", ""))):
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"{name}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        dump = tmp_path / f"isa_{name}"
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                         f"{target.tuning_spec_flag}={spec}", "-o",
+                                         str(tmp_path / f"{name}.vmfb"),
+                                         f"--iree-hal-dump-executable-files-to={dump}"])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        (isa,) = dump.glob("*.rocmasm")
+        stores[name] = isa.read_text().count("buffer_store_short")
+    assert stores["oriented"] == 0 < stores["template"], stores
+
+
+def test_attention_intrinsics_oriented_as_iree_and_their_layout_columns(tmp_path: Path) -> None:
+    """Candidates orient both attention intrinsics as IREE's own default configuration does
+    (`col_major`, which IREE's knob template leaves out); `p_relayout` says whether P changes
+    layout between the two matmuls (IREE's default pair keeps it), `operand_bits` how wide the
+    intrinsic's operand reads are."""
+    cands = enumerate_candidates(ATTENTION, "gfx942")
+    t = cands.table
+    source = tmp_path / "attention.mlir"
+    source.write_text(ATTENTION.to_mlir())
+    (default,) = applied_configs(source, get_target("gfx942"), None)
+    oriented = re.findall(r"mma_layout<(\w+), col_major = true>", default)
+    assert len(oriented) == 2  # IREE's default: both matmuls col_major
+    for i in (0, len(t) // 2, len(t) - 1):
+        assert len(re.findall(r"mma_layout<\w+, col_major = true>", cands.compilation_info(i))) == 2
+    pairs = t.groupby(["intrinsic", "pv_intrinsic"])["p_relayout"].agg(["min", "max"])
+    assert (pairs["min"] == pairs["max"]).all()  # a property of the pair alone
+    relayout = pairs["min"].to_dict()
+    pv, qk = oriented  # printed in key order: pv_attrs first
+    assert relayout[(qk, pv)] == 0
+    assert relayout[("VMFMA_F32_32x32x16_F16", "MFMA_F32_32x32x8_F16")] == 0
+    assert relayout[("VMFMA_F32_32x32x16_F16", "VMFMA_F32_32x32x16_F16")] == 1
+    assert relayout[("MFMA_F32_16x16x16_F16", "VMFMA_F32_16x16x32_F16")] == 1
+    bits = t.groupby("intrinsic")["operand_bits"].first().to_dict()
+    assert bits["MFMA_F32_32x32x8_F16"] == 64 and bits["VMFMA_F32_32x32x16_F16"] == 128
+    matmul = enumerate_candidates(Problem.matmul(256, 256, 256, "f16"), "gfx942").table
+    assert set(matmul["operand_bits"]) == {64} and "p_relayout" not in matmul
+
+
 BATCH = Problem.batch_matmul(2, 128, 128, 128, "f16")
 
 
@@ -427,3 +486,30 @@ def test_unit_loops_folded_by_iree_get_a_tile_of_1(tmp_path: Path) -> None:
                                      str(tmp_path / "bench.vmfb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
+
+
+def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path) -> None:
+    """IREE pads its own TileAndFuse configs of unaligned problems to the tile; its knob template
+    does not, and unpadded candidates fail to compile. Candidates carry the same `padding`."""
+    from dispatchtune import load_problems
+
+    target = get_target("gfx942")
+    source = tmp_path / "unaligned.mlir"
+    source.write_text(Problem.matmul(77, 131, 999, "f16", out_type="f32").to_mlir())
+    (problem,) = load_problems(source, target)
+    cands = enumerate_candidates(problem, target)
+    infos = cands.compilation_infos()
+    assert all("padding = [" in info for info in infos)
+    (default,) = applied_configs(source, target, None)
+    assert "padding = [" in default  # IREE's own config of the same op
+    for row in (0, len(cands) - 1):
+        info = infos[row]
+        assert info == cands.compilation_info(row)
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{row}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                         f"{target.tuning_spec_flag}={spec}", "-o",
+                                         str(tmp_path / f"m{row}.vmfb")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    aligned = enumerate_candidates(Problem.matmul(256, 256, 256, "f16"), "gfx942")
+    assert not any("padding" in info for info in aligned.compilation_infos([0, len(aligned) - 1]))
