@@ -1,6 +1,12 @@
-"""The one exception type users see: the CLI prints its message as one line and exits non-zero."""
+"""The one exception type users see: the CLI prints its message as one line and exits non-zero.
+
+Also how a command over many dispatches skips one that fails (`skip_dispatch_on_error`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
 
 
 class DispatchTuneError(Exception):
@@ -12,6 +18,13 @@ class DispatchTuneError(Exception):
 
 class InputError(DispatchTuneError):
     """The input file is missing, malformed, or has nothing dispatchtune can tune."""
+
+
+class NoTunableOp(InputError):
+    """The input holds no root op dispatchtune tunes (only elementwise ops, fills, copies, ...).
+
+    Common and harmless for one dispatch of a model or of a dump directory, which is skipped.
+    """
 
 
 class TargetError(DispatchTuneError):
@@ -31,3 +44,24 @@ class StorageLost(DispatchTuneError):
 
     It ends the whole run (no dispatch can go on without it); the run is resumable.
     """
+
+
+@contextmanager
+def skip_dispatch_on_error(
+    key: str,
+    skipped: MutableMapping[str, str],
+    fatal: tuple[type[BaseException], ...] = (),
+) -> Iterator[None]:
+    """Run one dispatch's step of a command over many; a `DispatchTuneError` skips that dispatch.
+
+    One dispatch that cannot be handled (an op the search does not cover, a default build that
+    fails) must not throw away the others' work: its one-line reason is stored in
+    `skipped[key]` and the command goes on. `fatal` errors (something every later dispatch needs,
+    such as an unreachable device host) still end the command. The caller says what was skipped.
+    """
+    try:
+        yield
+    except fatal:
+        raise
+    except DispatchTuneError as exc:
+        skipped[key] = str(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,15 @@ from dispatchtune.cli.options import (
     extra_knobs,
     order_of,
     output_file,
+    shown,
 )
 from dispatchtune.costmodel.rank import ORDERS
+from dispatchtune.errors import InputError, skip_dispatch_on_error
 
 if TYPE_CHECKING:  # pandas and numpy load on first use: `dispatchtune --help` stays fast
     pass
+
+logger = logging.getLogger(__name__)
 
 _SHOWN_ROWS = 10
 # Columns worth showing in the terminal; the CSV keeps every column.
@@ -77,22 +82,35 @@ def run(args: argparse.Namespace) -> int:
         model, where = model_for_target(target.name, args.cost_model)
         print(f"ranking with the {where}", file=sys.stderr)
     tables = []
-    for problem in load_problems(args.file, target):
-        cset = enumerate_candidates(problem, target, extra_knobs=extra_knobs(args),
-                                    heuristic_filters=args.heuristic_filters)
-        ranked = rank(cset, order=order, seed=args.seed, model=model)
+    problems = load_problems(args.file, target)
+    skipped: dict[str, str] = {}
+    for problem in problems:
+        with skip_dispatch_on_error(problem.key, skipped):
+            cset = enumerate_candidates(problem, target, extra_knobs=extra_knobs(args),
+                                        heuristic_filters=args.heuristic_filters)
+            ranked = rank(cset, order=order, seed=args.seed, model=model)
+        if problem.key in skipped:
+            continue
         if args.json:
             head = ranked if args.limit is None else ranked.head(args.limit)
             write_json_lines(cset, head, problem.key, sys.stdout)
             tables.append(ranked.assign(problem_key=problem.key))
             continue
         print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order")
-        shown = [c for c in _SHOWN if c in ranked.columns]
+        columns = [c for c in _SHOWN if c in ranked.columns]
         limit = _SHOWN_ROWS if args.limit is None else args.limit
         if len(ranked) and limit:
-            print(ranked[shown].head(limit).to_string(index=False))
+            print(ranked[columns].head(limit).to_string(index=False))
         tables.append(ranked.assign(problem_key=problem.key))
-    if args.csv and tables:
+    # What was skipped is said after the tables, so that when nothing could be ranked the one
+    # error line says it all, as for any other bad input.
+    if not tables:
+        key, reason = next(iter(skipped.items()))
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise InputError(f"{shown(args.file)}: no dispatch could be ranked: {key}: {reason}{more}")
+    for key, reason in skipped.items():
+        logger.warning("%s: not ranked: %s", key, reason)
+    if args.csv:
         pd.concat(tables, ignore_index=True).to_csv(args.csv, index=False)
         print(f"ranked tables written to {args.csv}", file=sys.stderr)
     return 0

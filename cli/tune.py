@@ -34,14 +34,16 @@ def register(subparsers: Any) -> None:
         "tune",
         help="compile and benchmark candidates of every dispatch; write the best tuning spec",
         description=(
-            "Tune the dispatches of FILE (a model/function .mlir or a dumped dispatch benchmark): "
+            "Tune the dispatches of FILE (a model/function .mlir, a dumped dispatch benchmark or a "
+            "directory of them): "
             "order the Z3-enumerated candidates, compile them in parallel, benchmark them against "
             "the compiler default, verify their outputs, and write DIR/tuning_spec.mlir, "
             "DIR/results.jsonl and DIR/summary.md. Re-running with the same DIR resumes."
         ),
     )
     defaults = TUNE_DEFAULTS
-    parser.add_argument("file", type=absolute_path, help="model/function .mlir or *_benchmark.mlir")
+    parser.add_argument("file", type=absolute_path,
+                        help="model/function .mlir, *_benchmark.mlir, or a directory of them")
     add_target(parser)
     add_tuning_common(parser, defaults, "candidates to benchmark per dispatch")
     add_heuristic_filters_flag(parser)

@@ -19,6 +19,10 @@ full disk, a compile killed under load): such candidates are tried again by late
 ``compile_timeout_s`` is the compile timeout a candidate was built under, so a run with a larger
 one retries the timed-out. Confirm records carry their round (``confirm_round``) and the plan
 of their confirmation (``confirm_rounds`` x ``confirm_finalists``), so an interrupted one is seen.
+A confirmation opens with a *plan record* (``kind = "confirm"``, ``confirm_round = -1``,
+``bench_status = "skipped"``, no times) written before anything is compiled or measured, so one
+interrupted before its first measurement is seen too; a plan of 0 finalists closes a confirmation
+that found nothing to measure.
 
 ``space_digest`` names the enumeration ``candidate_id`` is a row of (`CandidateSet.digest`; ""
 for candidates that did not come from an enumeration, and in logs written before the field): a
@@ -157,6 +161,11 @@ class ResultRecord:
     @property
     def is_confirm(self) -> bool:
         return self.kind is RecordKind.CONFIRM
+
+    @property
+    def is_confirm_plan(self) -> bool:
+        """The record a confirmation opens with: its plan, no measurement (module docstring)."""
+        return self.is_confirm and self.confirm_round < 0 and self.bench_status == "skipped"
 
     def belongs_to(self, problem_key: str, target: str) -> bool:
         """Whether the record measured this dispatch on this target."""

@@ -12,18 +12,21 @@ Either way, root ops are read from the IR exactly as IREE's tuning-spec matcher 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dispatchtune.errors import InputError
+from dispatchtune.errors import InputError, NoTunableOp, TargetError
 from dispatchtune.ir.lowering import lower_if_torch
 from dispatchtune.problem import OpKind, Problem
 from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import (
     compiler_failure,
     first_error_line,
+    iree_compiler_version,
     mlir_error_line,
     retry_without_const_eval,
     run_tool,
@@ -31,6 +34,8 @@ from dispatchtune.toolchain import (
 
 if TYPE_CHECKING:
     from iree.compiler import ir
+
+logger = logging.getLogger(__name__)
 
 _ATTENTION_OPS = ("iree_linalg_ext.attention", "iree_linalg_ext.online_attention")
 
@@ -44,8 +49,10 @@ def load_problems(
     `function_file=True` says the caller has already parsed `path` as such a file (tune-model
     does, to find its entry function), so it is not read and parsed here a second time: a
     100 MB export is read into Python once.
+    A directory of dumped benchmarks gives the root ops of those that have any, skipping the
+    others (`load_dispatch_files`).
     Raises `InputError` with a one-line message for a missing file, malformed MLIR, dynamic
-    shapes, or no tunable op.
+    shapes, or no tunable op (`NoTunableOp`).
     """
     from iree.compiler import ir
 
@@ -53,10 +60,8 @@ def load_problems(
     if isinstance(target, str):
         target = get_target(target)
     if path.is_dir():
-        files = sorted(path.glob("*_benchmark.mlir")) or sorted(path.glob("*.mlir"))
-        if not files:
-            raise InputError(f"no .mlir files in directory {path}")
-        return [p for f in files for p in load_problems(f, target)]
+        loaded = load_dispatch_files(dispatch_files(path), target, path)
+        return [p for _, problems in loaded for p in problems]
     path = lower_if_torch(path)
     has_executables = False
     if not function_file:
@@ -81,14 +86,57 @@ def load_problems(
     if not problems:
         if unsupported:
             names = ", ".join(sorted(set(unsupported)))
-            raise InputError(
+            raise NoTunableOp(
                 f"{path}: no tunable root op (found only unsupported ops: {names}); "
                 "dispatchtune tunes contractions, convolutions and attention"
             )
-        raise InputError(
+        raise NoTunableOp(
             f"{path}: no tunable root op found (no linalg contraction, conv or attention)"
         )
     return problems
+
+
+def dispatch_files(directory: Path) -> list[Path]:
+    """The dispatch benchmarks of a dump directory: its `*_benchmark.mlir` files, else every
+    `.mlir` file (renamed dumps), in name order."""
+    files = sorted(directory.glob("*_benchmark.mlir")) or sorted(directory.glob("*.mlir"))
+    if not files:
+        raise InputError(f"no .mlir files in directory {directory}")
+    return files
+
+
+def load_dispatch_files(
+    files: Sequence[Path], target: Target, where: Path
+) -> list[tuple[Path, list[Problem]]]:
+    """Each dispatch benchmark's root ops, for the files that have any.
+
+    A dump holds every dispatch of a model, most of them elementwise: files without a tunable
+    root op are skipped with one summary line, and a file that cannot be read with a warning
+    each, so one odd dispatch never stops the rest. When no file has a tunable root op, one
+    `InputError` line says why (`where` names the input: the directory, or the dumped model).
+    """
+    loaded: list[tuple[Path, list[Problem]]] = []
+    untunable = 0
+    bad: list[InputError] = []
+    for file in files:
+        try:
+            loaded.append((file, load_problems(file, target)))
+        except NoTunableOp:
+            untunable += 1
+        except InputError as exc:
+            bad.append(exc)
+    if not loaded:
+        if bad:
+            more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+            raise InputError(f"{where}: no usable dispatch benchmark: {bad[0]}{more}")
+        raise NoTunableOp(f"{where}: none of its {len(files)} dispatch(es) has a tunable root op "
+                          "(dispatchtune tunes contractions, convolutions and attention)")
+    for error in bad:
+        logger.warning("skipped a dispatch: %s", error)
+    if untunable:
+        logger.info("%s: skipped %d of %d dispatch(es) without a tunable root op (elementwise "
+                    "and other ops dispatchtune does not tune)", where, untunable, len(files))
+    return loaded
 
 
 def read_input(path: Path) -> str:
@@ -141,8 +189,12 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
     proc = retry_without_const_eval(flags, configure, lambda p: p.returncode != 0, str(path))
     if proc.returncode != 0:
         # stderr also holds the IR dumps: only an error line or the crash says what went wrong.
-        raise InputError(f"iree-compile rejected {path}: "
-                         f"{compiler_failure(proc.returncode, proc.stderr)}")
+        reason = compiler_failure(proc.returncode, proc.stderr)
+        if target is not None and "missing GPU target" in reason:
+            # The target, not the file: e.g. IREE 3.13 has no description of sm_90.
+            raise TargetError(f"IREE {iree_compiler_version()} has no GPU description of "
+                              f"target {target.name!r} (`{target.compile_flags[-1]}`): {reason}")
+        raise InputError(f"iree-compile rejected {path}: {reason}")
     return [chunk for chunk in _DUMP_HEADER.split(proc.stderr)[1:] if chunk.strip()]
 
 

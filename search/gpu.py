@@ -1020,10 +1020,12 @@ def _with_padding(info: str, bounds: Sequence[int], mma_k: int) -> str:
     131 x 999 f16 on gfx942). Aligned problems keep IREE's own text (no `padding`)."""
     from iree.compiler import ir
 
-    tiles = [re.search(rf"\b{name} = \[([^\]]*)\]", info) for name in ("workgroup", "reduction")]
-    if tiles[0] is None or tiles[1] is None:
+    found = re.search(r"\bworkgroup = \[([^\]]*)\]", info)
+    reduced = re.search(r"\breduction = \[([^\]]*)\]", info)
+    if found is None or reduced is None:
         return info
-    workgroup, reduction = ([int(v) for v in m.group(1).split(",")] for m in tiles)
+    workgroup = [int(v) for v in found.group(1).split(",")]
+    reduction = [int(v) for v in reduced.group(1).split(",")]
     if len(workgroup) != len(bounds) or len(reduction) != len(bounds):
         return info
     padding = [w or r * mma_k for w, r in zip(workgroup, reduction, strict=True)]

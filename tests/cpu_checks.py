@@ -1,10 +1,11 @@
 """Checks the CPU op-kind tests share: an op at another batch, a build run on seeded inputs, the
-heuristic's first and last candidates applied and computing the default build's outputs, and a
-`dispatchtune tune` run through the CLI."""
+heuristic's first and last candidates applied and computing the default build's outputs, a
+`dispatchtune tune` run through the CLI, and a model's dispatches dumped as a user dumps them."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -89,3 +90,18 @@ def tune_through_the_cli(path: Path, budget: int, out: Path) -> list[dict[str, A
     assert all(r["compile_status"] == "ok" and r["verify_status"] == "ok" for r in tried), tried
     assert (out / "tuning_spec.mlir").exists()
     return tried
+
+
+def dump_dispatches(model: Path, directory: Path) -> list[Path]:
+    """The dispatch benchmarks of `model`, dumped into `directory` as the README says users do
+    (`iree-compile --iree-hal-dump-executable-benchmarks-to=DIR`, the host target's flags)."""
+    from dispatchtune.targets import get_target
+    from dispatchtune.toolchain import tool_path
+
+    proc = subprocess.run(
+        [tool_path("iree-compile"), str(model), *get_target("host").compile_flags,
+         f"--iree-hal-dump-executable-benchmarks-to={directory}", "-o", os.devnull],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return sorted(directory.glob("*_benchmark.mlir"))

@@ -1,17 +1,32 @@
-"""`dispatchtune candidates`: JSON lines equal the Python API's table; errors are one line."""
+"""`dispatchtune candidates`: JSON lines equal the Python API's table; errors are one line.
+`rank` and `inspect` over a model or a dump directory skip the dispatches they cannot handle."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from cpu_checks import dump_dispatches
 
 from dispatchtune.cli import main
 from dispatchtune.problem import Problem
 from dispatchtune.search import enumerate_candidates
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+#: One matmul (ranked), one max pooling (refused by the CPU search), one elementwise add.
+MIXED = FIXTURES / "matmul_pool_add_f32.mlir"
+MATMUL_KEY = "contraction_64x64x128_f32"
+POOL_KEY = "convolution_16x8x8x3x3_f32"
+
+
+def dispatchtune(*args: str) -> subprocess.CompletedProcess[str]:
+    """The command line as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "dispatchtune", *args], capture_output=True,
+                          text=True, timeout=600)
 
 
 def test_json_lines_match_the_api(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,3 +72,76 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert len(err.splitlines()) == 1 and message in err
+
+
+def test_rank_skips_a_dispatch_it_cannot_rank_and_ranks_the_rest() -> None:
+    proc = dispatchtune("rank", str(MIXED), "--target", "host", "--json", "--limit", "3")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line["rank"] for line in lines] == [0, 1, 2]
+    assert all(line["problem_key"].startswith(MATMUL_KEY) for line in lines)
+    (warning,) = proc.stderr.splitlines()
+    assert warning.startswith("dispatchtune: warning: " + POOL_KEY)
+    assert "not ranked: CPU search supports convolutions, not pooling" in warning
+
+    table = dispatchtune("rank", str(MIXED), "--target", "host", "--limit", "2")
+    assert table.returncode == 0, table.stderr
+    assert MATMUL_KEY in table.stdout and POOL_KEY not in table.stdout
+    assert "not pooling" in table.stderr
+
+
+def test_rank_with_nothing_it_can_rank_is_one_line_and_exit_2() -> None:
+    proc = dispatchtune("rank", str(FIXTURES / "cpu_maxpool_nchw_f32.mlir"), "--target", "host")
+    assert proc.returncode == 2 and proc.stdout == ""
+    (error,) = proc.stderr.splitlines()
+    assert error.startswith("dispatchtune: error: ") and "no dispatch could be ranked" in error
+    assert POOL_KEY in error and "not pooling" in error
+
+
+def test_a_dump_directory_is_inspected_and_ranked(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps"
+    assert len(dump_dispatches(MIXED, dumps)) == 3  # matmul, pooling, elementwise add
+    summary = f"{dumps}: skipped 1 of 3 dispatch(es) without a tunable root op"
+
+    inspected = dispatchtune("inspect", str(dumps), "--json")
+    assert inspected.returncode == 0, inspected.stderr
+    matmul_op, pool_op = [json.loads(line)["key"] for line in inspected.stdout.splitlines()]
+    assert matmul_op.startswith(MATMUL_KEY) and pool_op.startswith(POOL_KEY)
+    assert inspected.stderr.splitlines() == [f"{summary} (elementwise and other ops dispatchtune "
+                                             "does not tune)"]
+
+    ranked = dispatchtune("rank", str(dumps), "--target", "host", "--json", "--limit", "2")
+    assert ranked.returncode == 0, ranked.stderr
+    keys = [json.loads(line)["problem_key"] for line in ranked.stdout.splitlines()]
+    assert keys == [matmul_op] * 2
+    notes = ranked.stderr.splitlines()
+    assert len(notes) == 2 and notes[0].startswith(summary)
+    assert POOL_KEY in notes[1] and "not pooling" in notes[1]
+
+    # The same candidates as the dumped dispatch file alone gives.
+    (matmul,) = [f for f in dumps.iterdir() if "dispatch_0_" in f.name]
+    alone = dispatchtune("candidates", str(matmul), "--target", "host", "--json", "--limit", "2")
+    listed = dispatchtune("candidates", str(dumps), "--target", "host", "--op-index", "0",
+                          "--json", "--limit", "2")
+    assert alone.returncode == listed.returncode == 0, listed.stderr
+    assert alone.stdout == listed.stdout != ""
+
+
+def test_a_dump_directory_without_a_tunable_op_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    dumps = tmp_path / "dumps"
+    assert dump_dispatches(FIXTURES / "elementwise_only.mlir", dumps)
+    for command in (["inspect", str(dumps)], ["rank", str(dumps), "--target", "host"]):
+        proc = dispatchtune(*command)
+        assert proc.returncode == 2
+        (error,) = proc.stderr.splitlines()
+        assert error.startswith(f"dispatchtune: error: {dumps}: none of its 1 dispatch(es) has a "
+                                "tunable root op")
+
+
+def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file() -> None:
+    """`sm_90` is a valid NVIDIA name IREE 3.13 has no GPU description of: one line naming the
+    target and exit 2 (it used to read as the input file being rejected)."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target", "sm_90")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "no GPU description of target 'sm_90'" in line and "rejected" not in line

@@ -101,8 +101,10 @@ def test_loop_logs_every_outcome_and_writes_an_applied_spec(tmp_path: Path) -> N
     assert result.spec_path is not None and result.spec_path.exists()
     applied = applied_configs(FIXTURE, HOST, result.spec_path)
     assert any(config_applied(best["compilation_info"], a) for a in applied)
-    # The finalists were re-measured in rounds interleaved with the default.
-    confirms = [r for r in records if r.is_confirm]
+    # The finalists were re-measured in rounds interleaved with the default, after the plan
+    # record that lets a resumed run see a confirmation interrupted before its measurements.
+    plan, *confirms = [r for r in records if r.is_confirm]
+    assert plan.is_confirm_plan and not plan.times_ms and plan.confirm_rounds == 2
     assert len(confirms) == 2 * 2  # 2 finalists x 2 rounds
     assert all(len(r.baseline_times_ms) == 3 and r.bench_status == "ok" for r in confirms)
     assert result.summaries[0].confirm_rounds == 2
@@ -319,7 +321,9 @@ def test_an_interrupted_confirmation_is_redone_on_resume(
     good = [c for c in candidates() if c.knobs["label"] == "good"][:2]
     tune(FIXTURE, HOST, out, options, candidates=good)
     lines = results.read_text().splitlines()
-    confirms = [i for i, line in enumerate(lines) if '"kind": "confirm"' in line]
+    # The measurements (the plan record, confirm_round -1, opens the confirmation).
+    confirms = [i for i, line in enumerate(lines)
+                if json.loads(line)["kind"] == "confirm" and json.loads(line)["confirm_round"] >= 0]
     assert len(confirms) == 4
     # Killed after the first finalist of the second round: the rest of the log never written.
     results.write_text("\n".join(lines[: confirms[2] + 1]) + "\n")
@@ -337,6 +341,95 @@ def test_an_interrupted_confirmation_is_redone_on_resume(
     assert complete and len(latest) == 4 and latest[0].session != partial[0].session
     assert sum(r.is_candidate for r in records) == 2  # nothing screened again
     assert result.summaries[0].confirm_rounds == 2
+
+
+def test_a_confirmation_interrupted_before_its_first_measurement_is_redone(tmp_path: Path) -> None:
+    """Ctrl-C as soon as the confirmation says it starts (before it has measured anything), then
+    the same command again, as the README runs it: the rerun confirms, screening is kept."""
+    from dispatchtune.tuner.report import latest_confirmation
+
+    out = tmp_path / "run"
+    results = out / "results.jsonl"
+    # --min-speedup below 1: every measured candidate is a finalist, however it screened.
+    argv = [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE), "--target", "host",
+            "--budget", "2", "-o", str(out), "--repetitions", "2", "--confirm-top", "2",
+            "--confirm-rounds", "2", "--min-speedup", "0.5", "--no-verify"]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "confirming the 2 best candidate(s)" in line:
+            os.kill(proc.pid, signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, "".join(seen) + rest
+    before = list(read_results(results))
+    key = before[0].problem_key
+    partial, complete = latest_confirmation(before, key, HOST.name)
+    assert not complete and len(partial) < 4
+    screened = {r.candidate_id: r.timestamp for r in before if r.is_candidate}
+    assert len(screened) == 2
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "confirmation of" in again.stderr and "was interrupted: redoing it" in again.stderr
+    assert "confirmed in 2 round(s)" in again.stdout
+    assert "single screening measurement" not in again.stdout
+    after = list(read_results(results))
+    latest, complete = latest_confirmation(after, key, HOST.name)
+    assert complete and len(latest) == 4 and {r.candidate_id for r in latest} == set(screened)
+    # Nothing screened again: the same two candidate records, untouched.
+    assert {r.candidate_id: r.timestamp for r in after if r.is_candidate} == screened
+
+
+def test_the_confirmation_plan_is_logged_before_anything_is_measured() -> None:
+    """The log states a confirmation's plan first: a log cut at any record of it (the plan alone
+    included) reads as interrupted; a plan of 0 finalists closes one with nothing to measure."""
+    from dispatchtune.datasets.records import RecordKind, ResultRecord
+    from dispatchtune.tuner.report import decided_records, latest_confirmation
+
+    def record(candidate_id: int = -1, **fields: Any) -> ResultRecord:
+        return ResultRecord(problem={}, problem_key="k", target="host", device="local-sync",
+                            candidate_id=candidate_id, kind=RecordKind.CONFIRM, session="s",
+                            **fields)
+
+    plan = record(confirm_rounds=2, confirm_finalists=2)
+    # One of the two finalists built: 2 rounds x 1 finalist, under the plan they carry.
+    measured = [record(3, confirm_round=r, confirm_rounds=2, confirm_finalists=1,
+                       bench_status="ok", times_ms=[1.0]) for r in range(2)]
+    assert plan.is_confirm_plan and not any(m.is_confirm_plan for m in measured)
+    assert latest_confirmation([plan], "k", "host") == ([], False)
+    assert latest_confirmation([plan, measured[0]], "k", "host") == ([measured[0]], False)
+    assert latest_confirmation([plan, *measured], "k", "host") == (measured, True)
+    closed = record(confirm_rounds=2, confirm_finalists=0)
+    assert latest_confirmation([plan, closed], "k", "host") == ([], True)
+    # A log written before plans were recorded: measurements without a plan count as complete.
+    old = [record(3, bench_status="ok", times_ms=[1.0])]
+    assert latest_confirmation(old, "k", "host") == (old, True)
+    assert decided_records([plan, *measured], ["k"], "host") == measured
+
+
+def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
+    """`tune DIR` on a model's dump (matmul, max pooling, elementwise add): the matmul is tuned,
+    the pooling dispatch reported as not tuned, the elementwise one skipped in a summary line."""
+    from cpu_checks import dump_dispatches
+
+    dumps = tmp_path / "dumps"
+    assert len(dump_dispatches(FIXTURE.parent / "matmul_pool_add_f32.mlir", dumps)) == 3
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(dumps), "--target", "host", "--budget",
+         "2", "-o", str(out), "--repetitions", "2", "--confirm-top", "1", "--confirm-rounds", "1"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"{dumps}: skipped 1 of 3 dispatch(es) without a tunable root op" in proc.stderr
+    assert "not tuned: CPU search supports convolutions, not pooling" in proc.stdout
+    tried = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
+    assert len(tried) == 2 and {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
+    assert all(r.compile_status == "ok" and r.verify_status == "ok" for r in tried)
+    assert (out / "tuning_spec.mlir").exists() and (out / "summary.md").exists()
 
 
 def test_failures_say_whether_they_may_be_transient() -> None:

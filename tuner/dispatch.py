@@ -345,6 +345,18 @@ class DispatchTuner:
             self._prepare_baseline()
         self._confirm(progress)
 
+    def _log_confirmation_plan(self, finalists: int) -> None:
+        """Log a confirmation's plan (rounds x `finalists`) before the steps it covers run.
+
+        Resuming reads it (`report.latest_confirmation`), so a run interrupted anywhere in the
+        confirmation, even before its first measurement, has it redone rather than deciding from
+        one screening measurement; a plan of 0 finalists closes one with nothing to measure.
+        """
+        self._append(self._record(
+            kind=RecordKind.CONFIRM, device=self.devices[0].uri, candidate_id=BASELINE_ID,
+            confirm_rounds=self.options.confirm_rounds, confirm_finalists=finalists,
+        ))
+
     def _confirm(self, progress: Any) -> None:
         """Re-measure the best candidates in rounds interleaved with the default config."""
         top_n, rounds = self.options.confirm_top, self.options.confirm_rounds
@@ -355,6 +367,7 @@ class DispatchTuner:
             records, self.problem, self.target, self.options.min_speedup, self.options.estimator
         ).frame
         if frame is None or frame.empty:
+            self._log_confirmation_plan(0)
             return
         finalists = usable_candidates(frame).head(top_n)
         # Confirmation separates real gains from noise near the threshold; a candidate that
@@ -365,6 +378,7 @@ class DispatchTuner:
         if finalists.empty:
             progress.write(f"{self.problem.key[:40]}: no candidate screened near the default: "
                            "nothing to confirm")
+            self._log_confirmation_plan(0)
             return
         knobs = {
             r.candidate_id: r.knobs
@@ -383,6 +397,7 @@ class DispatchTuner:
             if built.ok:
                 binaries.append((row, vmfb))
         if not binaries:
+            self._log_confirmation_plan(0)
             return
         device = self.devices[0]
         progress.write(
@@ -608,6 +623,11 @@ class DispatchTuner:
             kill_children()
             compile_pool.shutdown(wait=True, cancel_futures=True)
             if not self.options.compile_only:
+                if self.options.confirm_top > 0 and self.options.confirm_rounds > 0:
+                    # Screening is over: from here on an interrupt leaves a confirmation that
+                    # the next run redoes (with no budget left to screen, it would not come back
+                    # here). The measurements carry the exact plan, once the finalists are built.
+                    self._log_confirmation_plan(self.options.confirm_top)
                 # Close with a baseline on every device so that drift over the run is visible.
                 for device in self.devices:
                     if device.since_baseline:

@@ -1,7 +1,7 @@
 """The tuning loop: order candidates, compile them in parallel, benchmark, verify, log, resume.
 
 `tune(path, target, output_dir, options)` tunes every dispatch of a model/function (or one dumped
-dispatch benchmark):
+dispatch benchmark, or a directory of them):
 
 1. dump the dispatch benchmarks, strip their configs and fill their buffers (`benchfile`);
 2. enumerate the candidates with Z3 (`dispatchtune.search.enumerate_candidates`) and take them from
@@ -40,7 +40,7 @@ from dispatchtune.datasets.records import (
     ResultsLog,
     read_results,
 )
-from dispatchtune.errors import DispatchTuneError, InputError, StorageLost
+from dispatchtune.errors import InputError, StorageLost, skip_dispatch_on_error
 from dispatchtune.measure.benchfile import (
     PreparedDispatch,
     dump_dispatch_benchmarks,
@@ -119,31 +119,33 @@ def candidate_source(
 
 # ---- preparing dispatches --------------------------------------------------------------------
 def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[PreparedDispatch]:
-    """Stripped + filled benchmark files for every distinct tunable dispatch of `path`."""
-    from dispatchtune.ir.frontend import load_problems, read_input
+    """Stripped + filled benchmark files for every distinct tunable dispatch of `path` (a model
+    or function, a dumped dispatch benchmark, or a directory of them)."""
+    from dispatchtune.ir.frontend import (
+        dispatch_files,
+        load_dispatch_files,
+        load_problems,
+        read_input,
+    )
 
     path = Path(path)
-    text = read_input(path)
-    sources = (
-        [path]
-        if is_dispatch_benchmark(text)
-        else dump_dispatch_benchmarks(path, target, work_dir / "dumped")
-    )
+    if path.is_dir():
+        loaded = load_dispatch_files(dispatch_files(path), target, path)
+    elif is_dispatch_benchmark(read_input(path)):
+        loaded = [(path, load_problems(path, target))]
+    else:
+        dumped = dump_dispatch_benchmarks(path, target, work_dir / "dumped")
+        # Most dispatches of a model are elementwise: skipped, as in a dump directory.
+        loaded = load_dispatch_files(dumped, target, path)
     prepared: list[PreparedDispatch] = []
     seen: set[str] = set()
-    for source in sources:
-        try:
-            problems = load_problems(source, target)
-        except InputError:
-            continue  # a dispatch without a tunable root op (e.g. an elementwise one)
+    for source, problems in loaded:
         for problem in problems[:1]:  # a dispatch's first root op is the one its spec configures
             if problem.key in seen:
                 continue
             seen.add(problem.key)
             out = work_dir / problem.key / "benchmark.mlir"
             prepared.append(prepare_dispatch(source, problem, out))
-    if not prepared:
-        raise InputError(f"{path}: no dispatch with a tunable root op")
     return prepared
 
 
@@ -266,24 +268,20 @@ def _tune(
             options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
         )
         try:
-            if tuner.benchmarked < options.budget:  # else resumed with the budget spent
-                if candidates is None:
-                    source = candidate_source(problem, target, options, out, history)
-                elif callable(candidates):
-                    source = candidates(problem, target, options)
-                else:
-                    source = StaticOrder(candidates)
-                tuner.run(source, progress)
-            tuner.reconfirm_if_interrupted(progress)
-        except (RemoteError, StorageLost):
             # A device host that stays unreachable, or the study storage, stops the run: every
             # later dispatch needs them too. Re-running resumes.
-            raise
-        except DispatchTuneError as exc:
-            # One dispatch that cannot be tuned (an op the search does not cover, a default
-            # build that fails) must not throw away the others' work.
-            not_tuned[problem.key] = str(exc)
-            logger.warning("%s: not tuned: %s", problem.key[:40], exc)
+            with skip_dispatch_on_error(problem.key, not_tuned, fatal=(RemoteError, StorageLost)):
+                if tuner.benchmarked < options.budget:  # else resumed with the budget spent
+                    if candidates is None:
+                        source = candidate_source(problem, target, options, out, history)
+                    elif callable(candidates):
+                        source = candidates(problem, target, options)
+                    else:
+                        source = StaticOrder(candidates)
+                    tuner.run(source, progress)
+                tuner.reconfirm_if_interrupted(progress)
+            if problem.key in not_tuned:
+                logger.warning("%s: not tuned: %s", problem.key[:40], not_tuned[problem.key])
         finally:
             progress.close()
             if source is not None:

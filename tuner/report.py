@@ -136,39 +136,53 @@ def _bracket_baselines(
     return frame
 
 
-def latest_confirmation(
+def _confirmation_plan(
     records: Sequence[ResultRecord], problem_key: str, target: str
-) -> tuple[list[ResultRecord], bool]:
-    """The confirm records of a dispatch's latest confirmation, and whether it ran to the end.
+) -> tuple[list[ResultRecord], int]:
+    """The measurements of a dispatch's latest confirmation and how many it planned (0: none).
 
-    Each confirm record carries its confirmation's plan (rounds x finalists); fewer records than
-    planned means the run was interrupted. Logs written before the plan was recorded count as
-    complete, as they always did.
+    The plan is the latest record's: the plan record a confirmation opens with (`is_confirm_plan`),
+    or a measurement, which carries the plan it was taken under.
     """
     confirms = [r for r in records if r.is_confirm and r.belongs_to(problem_key, target)]
     if not confirms:
-        return [], True
+        return [], 0
     latest = [r for r in confirms if r.session == confirms[-1].session]
-    planned = latest[-1].confirm_rounds * latest[-1].confirm_finalists
-    return latest, planned == 0 or len(latest) >= planned
+    measured = [r for r in latest if not r.is_confirm_plan]
+    return measured, latest[-1].confirm_rounds * latest[-1].confirm_finalists
+
+
+def latest_confirmation(
+    records: Sequence[ResultRecord], problem_key: str, target: str
+) -> tuple[list[ResultRecord], bool]:
+    """The confirm measurements of a dispatch's latest confirmation, and whether it ran to the end.
+
+    A confirmation opens with a plan record (rounds x finalists) before anything is measured, and
+    each measurement carries the plan too; fewer measurements than planned means the run was
+    interrupted, even before the first of them. Logs written before the plan was recorded count
+    as complete, as they always did.
+    """
+    measured, planned = _confirmation_plan(records, problem_key, target)
+    return measured, planned == 0 or len(measured) >= planned
 
 
 def decided_records(
     records: Sequence[ResultRecord], problem_keys: Sequence[str], target: str, warn: bool = False
 ) -> list[ResultRecord]:
-    """The records a report decides from: superseded failed attempts and all but each dispatch's
-    latest complete confirmation left out; an incomplete one is never used (`warn`: say so)."""
+    """The records a report decides from: superseded failed attempts, plan records and all but
+    each dispatch's latest complete confirmation left out; an incomplete one is never used
+    (`warn`: say so)."""
     records = latest_attempts(records)
     keep: set[int] = set()
     for key in problem_keys:
-        latest, complete = latest_confirmation(records, key, target)
-        if complete:
-            keep.update(id(r) for r in latest)
+        measured, planned = _confirmation_plan(records, key, target)
+        if planned == 0 or len(measured) >= planned:
+            keep.update(id(r) for r in measured)
         elif warn:
             logger.warning(
                 "%s: the confirmation was interrupted (%d of %d measurements); the best candidate "
                 "is chosen from screening alone: rerun the same command to confirm it",
-                key[:40], len(latest), latest[-1].confirm_rounds * latest[-1].confirm_finalists)
+                key[:40], len(measured), planned)
     return [r for r in records if not r.is_confirm or id(r) in keep]
 
 
