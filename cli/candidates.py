@@ -79,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
         table = candidates.table.assign(candidate_id=np.arange(len(candidates)), score=np.nan)
         write_json_lines(candidates, table, problem.key, out)
         return 0
-    print(f"# {problem.describe()} on {target.name}: {len(candidates)} candidates", file=out)
+    # With --limit enumeration stops early: the space's size is not known, only the first rows.
+    count = (f"the first {len(candidates)} candidates (--limit)"
+             if args.limit is not None and len(candidates) == args.limit
+             else f"{len(candidates)} candidates")
+    print(f"# {problem.describe()} on {target.name}: {count}", file=out)
     if len(candidates):
         print(candidates.table.loc[:, list(_SUMMARY)].to_string(), file=out)
     return 0

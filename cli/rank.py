@@ -81,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
         model, where = model_for_target(target.name, args.cost_model)
         print(f"ranking with the {where}", file=sys.stderr)
+        from dispatchtune.costmodel.heuristic import HeuristicModel
+
+        if isinstance(model, HeuristicModel):
+            order = "heuristic"  # no model for this target: the headers say what ranks
     tables = []
     problems = load_problems(args.file, target)
     skipped: dict[str, str] = {}

@@ -124,7 +124,7 @@ def test_readme_line_runs(index: int, session: ReadmeSession) -> None:
         rows = [json.loads(row) for row in out.splitlines()]
         assert len(rows) == 5 and all("compilation_info" in row for row in rows)
     elif name == "candidates":
-        assert "5 candidates" in out
+        assert "the first 5 candidates (--limit)" in out
     elif name == "rank" and "--json" in argv:
         rows = [json.loads(row) for row in out.splitlines()]
         assert [row["rank"] for row in rows] == [0, 1, 2]

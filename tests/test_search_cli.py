@@ -49,7 +49,7 @@ def test_gpu_table_output(capsys: pytest.CaptureFixture[str]) -> None:
                "--pipeline", "VectorDistribute", "--limit", "3"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "on sm_80: 3 candidates" in out
+    assert "on sm_80: the first 3 candidates (--limit)" in out
     assert out.count("VectorDistribute") == 3
 
 
@@ -145,3 +145,13 @@ def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file() -> None:
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
     assert "no GPU description of target 'sm_90'" in line and "rejected" not in line
+
+
+def test_rank_says_the_heuristic_ranks_where_no_model_ships() -> None:
+    """`--order model` on a target without a shipped model ranks with the heuristic, and the
+    header says so (it used to say "model order")."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_transpose_b_f16.mlir"), "--target",
+                        "gfx90a", "--order", "model", "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "heuristic (no model for this target)" in proc.stderr
+    assert "candidates, heuristic order" in proc.stdout and "model order" not in proc.stdout

@@ -430,6 +430,15 @@ def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
     assert len(tried) == 2 and {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
     assert all(r.compile_status == "ok" and r.verify_status == "ok" for r in tried)
     assert (out / "tuning_spec.mlir").exists() and (out / "summary.md").exists()
+    # Another input into the same directory: said, since its spec replaces this one.
+    other = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE), "--target", "host",
+         "--budget", "1", "-o", str(out), "--repetitions", "2", "--confirm-top", "0"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert "holds results of 1 dispatch(es) that" in other.stderr
+    assert "tuning_spec.mlir is rewritten for this input only" in other.stderr
 
 
 def test_failures_say_whether_they_may_be_transient() -> None:
