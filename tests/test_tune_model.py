@@ -148,6 +148,34 @@ def test_rerun_resumes_without_measuring_anything(run: tuple[Path, ModelTuneResu
     assert again.default_ms == first.default_ms
 
 
+def test_rerun_redoes_a_dispatch_confirmation_left_incomplete(
+    run: tuple[Path, ModelTuneResult], tmp_path: Path
+) -> None:
+    """Killed after a dispatch's confirmation was planned but before it was measured (the log a
+    kill leaves there: each record is appended at once), the rerun hands the dispatch back to the
+    loop, which redoes the confirmation; screening is not re-measured."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(run[0], out)
+    results = out / "dispatches" / "results.jsonl"
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    plans = [i for i, r in enumerate(rows) if r["kind"] == "confirm" and r["confirm_round"] < 0
+             and r["bench_status"] == "skipped" and r["confirm_finalists"] > 0]
+    assert plans, "the first run logged no confirmation plan"
+    key = rows[plans[0]]["problem_key"]
+    # Everything of that dispatch after its plan is gone, as if killed right after the plan.
+    kept = [r for i, r in enumerate(rows) if i <= plans[0] or r["problem_key"] != key]
+    results.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    screened = [r for r in kept if r["problem_key"] == key and r["kind"] == "candidate"]
+    tune_model(MODEL, HOST, out, small())
+    after = [json.loads(line) for line in results.read_text().splitlines()]
+    redone = [r for r in after[len(kept):] if r["problem_key"] == key]
+    assert any(r["kind"] == "confirm" and r["confirm_round"] >= 0 for r in redone)
+    assert not any(r["kind"] == "candidate" for r in redone)  # screening kept, not re-measured
+    assert [r for r in after if r["problem_key"] == key and r["kind"] == "candidate"] == screened
+
+
 def test_model_step_builds_checks_and_measures_candidates(tmp_path: Path) -> None:
     """One greedy step with real configs: the model decides, and the decision is logged once."""
     problem = next(p for p in load_problems(MODEL, HOST) if p.key.startswith("contraction_128x1024"))

@@ -264,13 +264,24 @@ class _ModelTuner:
 
         dispatch_dir = self.out / "dispatches"
         results = dispatch_dir / "results.jsonl"
+        from dispatchtune.tuner.report import latest_confirmation
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the loop reports corrupt lines when it resumes
-            spent = benchmarked_per_key(list(read_results(results)), self.target)
+            logged = list(read_results(results))
+        spent = benchmarked_per_key(logged, self.target)
         tuned = [s for s in selected if s.budget > 0]
-        # Keys whose budget is already spent are not handed to the loop again: it would only
-        # dump, strip and re-read their benchmarks to find nothing left to do.
-        todo = [s for s in tuned if spent.get(s.key, 0) < s.budget]
+
+        def unfinished(share: DispatchShare) -> bool:
+            """Budget left, or a confirmation an interrupted run left incomplete."""
+            if spent.get(share.key, 0) < share.budget:
+                return True
+            return self.options.top > 0 and not latest_confirmation(
+                logged, share.key, self.target.name)[1]
+
+        # Finished keys are not handed to the loop again: it would only dump, strip and re-read
+        # their benchmarks to find nothing left to do.
+        todo = [s for s in tuned if unfinished(s)]
         for share in tuned:
             failed = self.log.find("dispatch_failed", key=share.key, budget=share.budget)
             if failed is not None:
