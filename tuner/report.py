@@ -344,7 +344,8 @@ def describe(summary: DispatchSummary) -> list[str]:
         )
         return lines
     lines.append(
-        f"  best: candidate {best['candidate_id']} {best.get('pipeline', '')} "
+        # Screening times: the speedup below may come from the confirmation rounds instead.
+        f"  best: candidate {best['candidate_id']} {best.get('pipeline', '')} screening "
         f"{_fmt_ms(best['times_ms'])} vs default {best['baseline_ref_ms']:.3f} ms"
     )
     verdict = (
