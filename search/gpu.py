@@ -79,6 +79,9 @@ class GpuSpace:
     pv_knob: str = ""
     pv_intrinsics: tuple[str, ...] = ()
     p_relayout: tuple[tuple[int, ...], ...] = ()
+    #: Implicit-GEMM convolutions: per loop of the convolution, the implicit-GEMM loop it maps
+    #: to if it is a parallel loop, else -1 (where IREE's `padding_conv` repeats `padding`).
+    conv_loops: tuple[int, ...] = ()
     #: Loops of the problem that IREE's constraints do not cover (batch loops of a contraction
     #: whose constraints come from its batch-less equivalent): workgroup tile 1, not reduced.
     batch_loops: tuple[int, ...] = ()
@@ -490,6 +493,7 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
     dims_count = len(list(op.operands))
     igemm = False
     image_loops: tuple[int, ...] = ()
+    conv_loops: tuple[int, ...] = ()
     kind = "contraction"
     if "attention" in root.name:
         kind = "attention"
@@ -528,6 +532,10 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
             }
             bounds = tuple(int(b) for b in details.igemm_loop_bounds)
             igemm = True
+            parallel = {int(d) for d in (*cv.depth, *cv.batch, *cv.output_image,
+                                         *cv.output_channel)}
+            conv_loops = tuple(to_igemm[d] if d in parallel else -1
+                               for d in range(len(root.attributes["iterator_types"])))
     else:
         raise DispatchTuneError(
             f"GPU search supports contractions, convolutions and attention, not {root.name}"
@@ -542,7 +550,7 @@ def _describe(index: int, op: Any, roots: list[Any]) -> GpuSpace:
         intrinsics=intrinsics, mma_shapes=shapes, igemm=igemm or igemm_fixed,
         image_loops=image_loops, fixed=fixed, kind=kind, mma_knob=mma_knob,
         operand_bits=operand_bits, pv_knob=pv_knob, pv_intrinsics=pv_intrinsics,
-        p_relayout=relayout,
+        p_relayout=relayout, conv_loops=conv_loops,
     )
 
 
@@ -902,10 +910,12 @@ class GpuMaterializer:
         self.module_text = module_text
         self.knobs = {s.index: s.knobs for s in spaces}
         self.batch_loops = {s.index: s.batch_loops for s in spaces}
-        # Loop bounds of the TileAndFuse contraction spaces whose rows may need `padding`
-        # (`_with_padding`; convolutions' filter loops are not in intrinsic units: not measured).
-        self.padded = {s.index: s.loop_bounds for s in spaces
-                       if s.pipeline == "TileAndFuse" and s.kind == "contraction"}
+        # Loop bounds (and convolution loops) of the TileAndFuse spaces whose rows may need
+        # `padding` (`_with_padding`): contractions and implicit-GEMM convolutions. Direct
+        # convolutions are left as IREE's template has them (padding them broke candidates).
+        self.padded = {s.index: (s.loop_bounds, s.conv_loops) for s in spaces
+                       if s.pipeline == "TileAndFuse"
+                       and (s.kind == "contraction" or (s.kind == "convolution" and s.conv_loops))}
         self._state: tuple[Any, Any, list[Any]] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -981,7 +991,8 @@ class GpuMaterializer:
             if self.padded:
                 mma_k = rows["mma_k"].to_numpy(dtype=np.int64)
                 for i in np.flatnonzero(np.isin(spaces, list(self.padded))).tolist():
-                    out[i] = _with_padding(out[i], self.padded[int(spaces[i])], int(mma_k[i]))
+                    bounds, conv_loops = self.padded[int(spaces[i])]
+                    out[i] = _with_padding(out[i], bounds, int(mma_k[i]), conv_loops)
         return out
 
     @staticmethod
@@ -1009,15 +1020,19 @@ class GpuMaterializer:
         return text
 
 
-def _with_padding(info: str, bounds: Sequence[int], mma_k: int) -> str:
+def _with_padding(info: str, bounds: Sequence[int], mma_k: int,
+                  conv_loops: Sequence[int] = ()) -> str:
     """A TileAndFuse `compilation_info` with IREE's `padding` when a loop is not a multiple of
     its tile, else unchanged.
 
     IREE's own TileAndFuse configs of unaligned problems pad every loop to its tile (workgroup
-    tile; reduction tile in elements, counted in intrinsic K units by the config); its knob
-    template leaves `padding` out, and without it every such candidate fails to compile
-    ("write affecting operations on shared resources are restricted to lane or thread", 77 x
-    131 x 999 f16 on gfx942). Aligned problems keep IREE's own text (no `padding`)."""
+    tile; reduction tile in elements, counted in intrinsic K units by the config), and for an
+    implicit-GEMM convolution also state `padding_conv` over the convolution's own loops (the
+    tile of the implicit-GEMM loop a parallel loop maps to, 0 for reduction loops:
+    `conv_loops`). Its knob template leaves both out, and without them every such candidate
+    fails to compile (77 x 131 x 999 f16: "write affecting operations on shared resources are
+    restricted to lane or thread"; a stride-2 3x3 convolution to 28 x 28: "'tensor.expand_shape'
+    op expected dimension ..."). Aligned problems keep IREE's own text (no `padding`)."""
     from iree.compiler import ir
 
     found = re.search(r"\bworkgroup = \[([^\]]*)\]", info)
@@ -1031,7 +1046,10 @@ def _with_padding(info: str, bounds: Sequence[int], mma_k: int) -> str:
     padding = [w or r * mma_k for w, r in zip(workgroup, reduction, strict=True)]
     if all(p == 0 or b % p == 0 for p, b in zip(padding, bounds, strict=True)):
         return info
-    text = info.replace("lowering_config<{", f"lowering_config<{{padding = {padding}, ", 1)
+    entries = f"padding = {padding}, "
+    if conv_loops:
+        entries += f"padding_conv = {[padding[i] if i >= 0 else 0 for i in conv_loops]}, "
+    text = info.replace("lowering_config<{", f"lowering_config<{{{entries}", 1)
     return str(ir.Attribute.parse(text))  # in IREE's own key order, as applied configs print
 
 

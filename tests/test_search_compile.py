@@ -91,26 +91,30 @@ def test_sampled_candidates_compile_and_apply(
             job.result()
 
 
-def test_known_iree_gap_igemm_conv_with_32x32x8_on_gfx942(tmp_path: Path) -> None:
-    """IREE 3.13's constraints admit IGEMM convs with MFMA_F32_32x32x8_F16 and a partial K tile
-    that then fail in codegen (`tensor.expand_shape ... expected dimension 3`); the same tiles with
-    16x16x16 compile. Candidates stay exactly IREE's set; this test pins the gap down so the
-    tuner can treat these as failed candidates (and so a fixed IREE shows up here)."""
+def test_igemm_conv_with_a_partial_k_tile_compiles_once_padded(tmp_path: Path) -> None:
+    """IREE 3.13's constraints admit IGEMM convs whose K tile does not divide K (here with
+    MFMA_F32_32x32x8_F16); without `padding` they fail in codegen (`tensor.expand_shape ...
+    expected dimension 3`; this was taken for an IREE gap), padded as IREE pads its own configs
+    they compile (`search.gpu._with_padding`)."""
+    import re
+
     target = get_target("gfx942")
     source, seen = _seen(CONV_F16, target, tmp_path)
-    table = enumerate_candidates(seen, target, pipeline="TileAndFuse").table
-    igemm = table[(table["igemm"] == 1) & (table["tile_k"] == 32) & (table["tile_n"] == 32)]
-    bad = int(igemm.index[igemm["intrinsic"] == "MFMA_F32_32x32x8_F16"][0])
-    good = int(igemm.index[igemm["intrinsic"] == "MFMA_F32_16x16x16_F16"][0])
     cands = enumerate_candidates(seen, target, pipeline="TileAndFuse")
+    table = cands.table
+    igemm = table[(table["igemm"] == 1) & (table["tile_k"] == 32) & (table["tile_n"] == 32)]
+    row = int(igemm.index[igemm["intrinsic"] == "MFMA_F32_32x32x8_F16"][0])
+    padded = cands.compilation_info(row)
+    assert "padding = [" in padded
+    unpadded = re.sub(r"padding(_conv)? = \[[^\]]*\], ", "", padded)
     with ThreadPoolExecutor(2) as pool:
         results = list(pool.map(
-            lambda i: _compile_rc(source, seen, target, cands.compilation_info(i), tmp_path, i),
-            [bad, good],
+            lambda job: _compile_rc(source, seen, target, job[1], tmp_path, job[0]),
+            [(0, unpadded), (1, padded)],
         ))
-    (bad_rc, bad_err), (good_rc, _) = results
-    assert bad_rc != 0 and "expand_shape" in bad_err
-    assert good_rc == 0
+    (unpadded_rc, unpadded_err), (padded_rc, padded_err) = results
+    assert unpadded_rc != 0 and "expand_shape" in unpadded_err
+    assert padded_rc == 0, padded_err
 
 
 def _compile_rc(

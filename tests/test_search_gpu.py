@@ -513,3 +513,41 @@ def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path)
         assert proc.returncode == 0, proc.stderr[-2000:]
     aligned = enumerate_candidates(Problem.matmul(256, 256, 256, "f16"), "gfx942")
     assert not any("padding" in info for info in aligned.compilation_infos([0, len(aligned) - 1]))
+
+
+STRIDED_CONV = """func.func @main(%i: tensor<1x57x57x32xf32>, %w: tensor<3x3x32x64xf32>) -> tensor<1x28x28x64xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x28x28x64xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x28x28x64xf32>) -> tensor<1x28x28x64xf32>
+  %r = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<2> : tensor<2xi64>}
+    ins(%i, %w : tensor<1x57x57x32xf32>, tensor<3x3x32x64xf32>) outs(%f : tensor<1x28x28x64xf32>) -> tensor<1x28x28x64xf32>
+  return %r : tensor<1x28x28x64xf32>
+}
+"""
+
+
+def test_unaligned_igemm_convolution_candidates_are_padded_and_compile(tmp_path: Path) -> None:
+    """A stride-2 convolution to a 28 x 28 image: IREE's own implicit-GEMM config pads
+    (`padding`, and `padding_conv` over the convolution's loops); unpadded candidates fail to
+    compile ("'tensor.expand_shape' op expected dimension ..."). Candidates carry both."""
+    from dispatchtune import load_problems
+
+    target = get_target("gfx942")
+    source = tmp_path / "conv.mlir"
+    source.write_text(STRIDED_CONV)
+    (default,) = applied_configs(source, target, None)
+    assert "padding_conv = [" in default
+    (problem,) = load_problems(source, target)
+    cands = enumerate_candidates(problem, target)
+    t = cands.table
+    rows = t.index[t["igemm"] == 1]
+    first, last = int(rows[0]), int(rows[-1])
+    for row in (first, last):
+        info = cands.compilation_info(row)
+        assert "padding = [" in info and "padding_conv = [" in info
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{row}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                         f"{target.tuning_spec_flag}={spec}", "-o",
+                                         str(tmp_path / f"c{row}.vmfb")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
