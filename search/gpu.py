@@ -991,8 +991,8 @@ class GpuMaterializer:
             if self.padded:
                 mma_k = rows["mma_k"].to_numpy(dtype=np.int64)
                 for i in np.flatnonzero(np.isin(spaces, list(self.padded))).tolist():
-                    bounds, conv_loops = self.padded[int(spaces[i])]
-                    out[i] = _with_padding(out[i], bounds, int(mma_k[i]), conv_loops)
+                    loop_bounds, conv_loops = self.padded[int(spaces[i])]
+                    out[i] = _with_padding(out[i], loop_bounds, int(mma_k[i]), conv_loops)
         return out
 
     @staticmethod

@@ -515,15 +515,7 @@ def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path)
     assert not any("padding" in info for info in aligned.compilation_infos([0, len(aligned) - 1]))
 
 
-STRIDED_CONV = """func.func @main(%i: tensor<1x57x57x32xf32>, %w: tensor<3x3x32x64xf32>) -> tensor<1x28x28x64xf32> {
-  %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<1x28x28x64xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x28x28x64xf32>) -> tensor<1x28x28x64xf32>
-  %r = linalg.conv_2d_nhwc_hwcf {dilations = dense<1> : tensor<2xi64>, strides = dense<2> : tensor<2xi64>}
-    ins(%i, %w : tensor<1x57x57x32xf32>, tensor<3x3x32x64xf32>) outs(%f : tensor<1x28x28x64xf32>) -> tensor<1x28x28x64xf32>
-  return %r : tensor<1x28x28x64xf32>
-}
-"""
+STRIDED_CONV = Path(__file__).parent / "fixtures" / "conv_stride2_f32.mlir"
 
 
 def test_unaligned_igemm_convolution_candidates_are_padded_and_compile(tmp_path: Path) -> None:
@@ -534,7 +526,7 @@ def test_unaligned_igemm_convolution_candidates_are_padded_and_compile(tmp_path:
 
     target = get_target("gfx942")
     source = tmp_path / "conv.mlir"
-    source.write_text(STRIDED_CONV)
+    source.write_text(STRIDED_CONV.read_text())
     (default,) = applied_configs(source, target, None)
     assert "padding_conv = [" in default
     (problem,) = load_problems(source, target)
