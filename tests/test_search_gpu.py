@@ -503,14 +503,8 @@ def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path)
     (default,) = applied_configs(source, target, None)
     assert "padding = [" in default  # IREE's own config of the same op
     for row in (0, len(cands) - 1):
-        info = infos[row]
-        assert info == cands.compilation_info(row)
-        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{row}.mlir")
-        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
-        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                         f"{target.tuning_spec_flag}={spec}", "-o",
-                                         str(tmp_path / f"m{row}.vmfb")])
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert infos[row] == cands.compilation_info(row)
+        _applies_and_compiles(problem, infos[row], source, tmp_path / f"m{row}")
     aligned = enumerate_candidates(Problem.matmul(256, 256, 256, "f16"), "gfx942")
     assert not any("padding" in info for info in aligned.compilation_infos([0, len(aligned) - 1]))
 
@@ -537,9 +531,15 @@ def test_unaligned_igemm_convolution_candidates_are_padded_and_compile(tmp_path:
     for row in (first, last):
         info = cands.compilation_info(row)
         assert "padding = [" in info and "padding_conv = [" in info
-        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{row}.mlir")
-        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
-        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                         f"{target.tuning_spec_flag}={spec}", "-o",
-                                         str(tmp_path / f"c{row}.vmfb")])
-        assert proc.returncode == 0, proc.stderr[-2000:]
+        _applies_and_compiles(problem, info, source, tmp_path / f"c{row}")
+
+
+def _applies_and_compiles(problem: Problem, info: str, source: Path, stem: Path) -> None:
+    """A spec of one candidate is applied exactly by IREE and the source compiles with it."""
+    target = get_target("gfx942")
+    spec = write_spec(tuning_spec([(problem, info)]), stem.with_suffix(".spec.mlir"))
+    assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+    proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                     f"{target.tuning_spec_flag}={spec}", "-o",
+                                     str(stem.with_suffix(".vmfb"))])
+    assert proc.returncode == 0, proc.stderr[-2000:]
