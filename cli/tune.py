@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any
 
 from dispatchtune.cli.options import (
@@ -24,6 +25,8 @@ from dispatchtune.cli.options import (
     storage_url,
 )
 from dispatchtune.errors import InputError
+
+logger = logging.getLogger(__name__)
 
 #: What a run writes in its output directory (checked to be writable files before it starts).
 OUTPUT_FILES = ("results.jsonl", "tuning_spec.mlir", "summary.md", "progress.png")
@@ -143,5 +146,11 @@ def run(args: argparse.Namespace) -> int:
         waves_per_eu=args.waves_per_eu or (),
     )
     result = tune(args.file, args.target, args.output_dir, options)
+    if result.other_dispatches:
+        # Said by the command, not the loop: tune-model tunes its dispatches one by one into
+        # one directory on purpose.
+        logger.warning("%s holds results of %d dispatch(es) that %s does not have; they stay in "
+                       "results.jsonl, but tuning_spec.mlir is rewritten for this input only",
+                       args.output_dir, len(result.other_dispatches), args.file)
     print(result.text)
     return 0

@@ -259,12 +259,6 @@ def _tune(
         mode = "bar" if options.progress else "off"
     not_tuned: dict[str, str] = {}
     prepared = prepare_dispatches(path, target, work)
-    others = {r.problem_key for r in history} - {d.problem.key for d in prepared}
-    if others:
-        # Another input tuned into the same directory: its spec entries are not rebuilt.
-        logger.warning("%s holds results of %d dispatch(es) that %s does not have; they stay in "
-                       "results.jsonl, but tuning_spec.mlir is rewritten for this input only",
-                       out, len(others), path)
     for dispatch in prepared:
         problem = dispatch.problem
         tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,

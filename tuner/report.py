@@ -56,6 +56,9 @@ class TuneResult:
     plot_path: Path | None
     summaries: list[Any] = field(default_factory=list)
     text: str = ""
+    #: Dispatches the results log holds that this input does not have (another input tuned into
+    #: the same directory): the spec written covers this input only.
+    other_dispatches: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -163,7 +166,11 @@ def latest_confirmation(
     as complete, as they always did.
     """
     measured, planned = _confirmation_plan(records, problem_key, target)
-    return measured, planned == 0 or len(measured) >= planned
+    return measured, _complete(measured, planned)
+
+
+def _complete(measured: Sequence[ResultRecord], planned: int) -> bool:
+    return planned == 0 or len(measured) >= planned
 
 
 def decided_records(
@@ -176,7 +183,7 @@ def decided_records(
     keep: set[int] = set()
     for key in problem_keys:
         measured, planned = _confirmation_plan(records, key, target)
-        if planned == 0 or len(measured) >= planned:
+        if _complete(measured, planned):
             keep.update(id(r) for r in measured)
         elif warn:
             logger.warning(
@@ -498,7 +505,9 @@ def write_outputs(
     """
     from dispatchtune.measure.builder import write_spec_file
 
-    records = decided_records(as_records(records), [p.key for p in problems], target.name, warn=True)
+    records = as_records(records)
+    others = sorted({r.problem_key for r in records} - {p.key for p in problems})
+    records = decided_records(records, [p.key for p in problems], target.name, warn=True)
     summaries = [
         summarize(records, p, target, options.min_speedup, options.estimator) for p in problems
     ]
@@ -537,6 +546,7 @@ def write_outputs(
         plot_path=plot,
         summaries=summaries,
         text="\n".join(text_lines),
+        other_dispatches=others,
     )
 
 
