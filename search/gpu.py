@@ -561,6 +561,11 @@ def _options(kind: Any) -> list[Any]:
     return list(kind.options) if isinstance(kind, iree_codegen.OneOfKnobAttr) else [kind]
 
 
+def _intrinsic_name(option: Any) -> str:
+    """`MFMA_F32_16x16x16_F16` of `#iree_gpu.mma_layout<MFMA_F32_16x16x16_F16, col_major = true>`."""
+    return re.sub(r".*<(\w+).*", r"\1", str(option))
+
+
 def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, int], ...]]:
     """The knob choosing an `mma_kind` (or "" when fixed), its options' names and M/N/K shapes."""
     from iree.compiler.dialects import iree_codegen, iree_gpu
@@ -569,7 +574,7 @@ def _intrinsics(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int, int, 
     options = _options(kind)
     names, shapes = [], []
     for option in options:
-        names.append(re.sub(r".*<(\w+).*", r"\1", str(option)))
+        names.append(_intrinsic_name(option))
         try:
             mnk = iree_gpu.MMAAttr(option).mnk_shape
         except (TypeError, ValueError):
@@ -601,9 +606,8 @@ def _mma_layouts(option: Any) -> MmaLayouts | None:
     virtual = not iree_gpu.MMAAttr.isinstance(option)
     try:
         attr = iree_gpu.VirtualMMAAttr(option) if virtual else iree_gpu.MMAAttr(option)
-        name = re.sub(r".*<(\w+).*", r"\1", str(option))
         kind = "virtual_mma_intrinsic" if virtual else "mma_intrinsic"
-        intrinsic = ir.Attribute.parse(f"#iree_gpu<{kind} {name}>")
+        intrinsic = ir.Attribute.parse(f"#iree_gpu<{kind} {_intrinsic_name(option)}>")
         fragments: list[Layout] = []
         for fragment in range(3):
             layout = iree_gpu.get_single_subgroup_layout(intrinsic, fragment)
@@ -707,10 +711,14 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
             return np.asarray(cols[entry], dtype=np.int64)
         return np.full(rows, entry, dtype=np.int64)
 
+    def option(values: Sequence[Any], index: np.ndarray, default: Any, dtype: Any) -> np.ndarray:
+        """Per row, the option `index` picks (`default` when the template offers none)."""
+        table = np.array(values or [default], dtype=dtype)
+        return table[np.clip(index, 0, len(table) - 1)]
+
     knob = space.mma_knob
     mma_idx = value(knob) if knob in cols else np.zeros(rows, dtype=np.int64)
-    shapes = np.array(space.mma_shapes or [(0, 0, 0)], dtype=np.int64)
-    mma = shapes[np.clip(mma_idx, 0, len(shapes) - 1)]
+    mma = option(space.mma_shapes, mma_idx, (0, 0, 0), np.int64)
     bounds = space.loop_bounds
 
     def tile(
@@ -733,12 +741,10 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
         extra["tile_v"] = _attention_value_tile(space, value, rows)
         pv_idx = value(space.pv_knob) if space.pv_knob in cols else np.zeros(rows, np.int64)
-        pv_idx = np.clip(pv_idx, 0, max(len(space.pv_intrinsics) - 1, 0))
-        qk_idx = np.clip(mma_idx, 0, max(len(space.intrinsics) - 1, 0))
-        extra["pv_intrinsic"] = np.array(space.pv_intrinsics or [""], dtype=object)[pv_idx]
+        extra["pv_intrinsic"] = option(space.pv_intrinsics, pv_idx, "", object)
         relayout = np.array(space.p_relayout or [[1]], dtype=np.int64)
-        extra["p_relayout"] = relayout[np.minimum(qk_idx, len(relayout) - 1),
-                                       np.minimum(pv_idx, relayout.shape[1] - 1)]
+        extra["p_relayout"] = relayout[np.clip(mma_idx, 0, len(relayout) - 1),
+                                       np.clip(pv_idx, 0, relayout.shape[1] - 1)]
     else:
         k_scale = mma[:, 2] if space.pipeline == "TileAndFuse" else None
         tile_b = tile(space.workgroup, space.classes["b"], None)
@@ -768,8 +774,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         value("prefetch_num_stages") if "prefetch_num_stages" in cols
         else np.full(rows, space.fixed.get("prefetch_num_stages", 0), dtype=np.int64)
     )
-    names = np.array(space.intrinsics or [""], dtype=object)
-    intrinsic = names[np.clip(mma_idx, 0, len(names) - 1)]
+    intrinsic = option(space.intrinsics, mma_idx, "", object)
     image = space.image_loops
     zeros = np.zeros(rows, dtype=np.int64)
     columns: dict[str, Any] = {
@@ -779,8 +784,7 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         "vec_m": vec_m, "vec_n": vec_n,
         "workgroups": workgroups,
         "intrinsic": intrinsic, "mma_m": mma[:, 0], "mma_n": mma[:, 1], "mma_k": mma[:, 2],
-        "operand_bits": np.array(space.operand_bits or [0], dtype=np.int64)[
-            np.clip(mma_idx, 0, max(len(space.operand_bits) - 1, 0))],
+        "operand_bits": option(space.operand_bits, mma_idx, 0, np.int64),
         "subgroups_m": sub_m, "subgroups_n": sub_n,
         "subgroup_size": value("sg_size") if "sg_size" in cols else np.zeros(rows, np.int64),
         "workgroup_threads": threads, "prefetch_stages": stages,
