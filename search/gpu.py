@@ -1034,7 +1034,7 @@ def _with_padding(info: str, bounds: Sequence[int], mma_k: int,
     implicit-GEMM convolution also state `padding_conv` over the convolution's own loops (the
     tile of the implicit-GEMM loop a parallel loop maps to, 0 for reduction loops:
     `conv_loops`). Its knob template leaves both out, and without them every such candidate
-    fails to compile (77 x 131 x 999 f16: "write affecting operations on shared resources are
+    fails to compile (77 x 131 x 999 f16 -> f32: "write affecting operations on shared resources are
     restricted to lane or thread"; a stride-2 3x3 convolution to 28 x 28: "'tensor.expand_shape'
     op expected dimension ..."). Aligned problems keep IREE's own text (no `padding`)."""
     from iree.compiler import ir
