@@ -17,7 +17,13 @@ from dispatchtune.datasets.timing import estimate, speedup
 from dispatchtune.ir.frontend import load_problems
 from dispatchtune.search import enumerate_candidates
 from dispatchtune.search.online_source import OnlineSource
-from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
+from dispatchtune.search.source import (
+    DEMOTE_AFTER,
+    FAMILY_LEVELS,
+    CandidateSource,
+    StaticOrder,
+    ranked_order,
+)
 from dispatchtune.search.space import CandidateSet
 from dispatchtune.targets import get_target
 
@@ -118,3 +124,72 @@ def test_one_speedup_definition() -> None:
     assert np.isnan(speedup(estimate([], "min"), 1.0))
     assert list(speedup(np.array([2.0, 3.0]), np.array([4.0, 1.0]))) == [0.5, 3.0]
     assert estimate([3.0, 1.0, 2.0]) == 1.0 and estimate([3.0, 1.0, 2.0], "median") == 2.0
+
+
+def _build(candidate: Candidate, status: str, cset: CandidateSet) -> ResultRecord:
+    """The record of a build of `candidate` that ended with `status`."""
+    return ResultRecord(
+        problem=cset.problem.to_dict(), problem_key=cset.problem.key, target=cset.target.name,
+        device="", candidate_id=candidate.candidate_id, kind=RecordKind.CANDIDATE,
+        compilation_info=candidate.compilation_info, compile_status=status,
+        compile_error="error: failed to legalize" if status == "failed" else "",
+        knobs=candidate.knobs, pipeline=candidate.pipeline,
+    )
+
+
+@pytest.fixture(scope="module")
+def conv_gfx942() -> CandidateSet:
+    """A real gfx942 space with two families: direct and implicit-GEMM lowering."""
+    gpu = get_target("gfx942")
+    problem = load_problems(Path(__file__).parent / "fixtures" / "conv_stride2_f32.mlir", gpu)[0]
+    return enumerate_candidates(problem, gpu)
+
+
+def family(candidate: Candidate) -> tuple[object, ...]:
+    return tuple(candidate.knobs.get(c) for c in FAMILY_LEVELS[-1])
+
+
+def test_a_family_whose_builds_all_fail_is_asked_last(conv_gfx942: CandidateSet) -> None:
+    source = ranked_order(conv_gfx942, "heuristic")
+    plain = [c.candidate_id for c in ranked_order(conv_gfx942, "heuristic")]
+    first = source.ask()
+    assert first is not None and first.candidate_id == plain[0]
+    asked = [first.candidate_id]
+    doomed = family(first)
+    # A timeout says nothing of the family; failed builds do, DEMOTE_AFTER of them.
+    source.tell(first, None, _build(first, "timeout", conv_gfx942))
+    failures = 0
+    while failures < DEMOTE_AFTER[-1]:
+        candidate = source.ask()
+        assert candidate is not None
+        asked.append(candidate.candidate_id)
+        if family(candidate) == doomed:
+            source.tell(candidate, None, _build(candidate, "failed", conv_gfx942))
+            failures += 1
+    assert asked == plain[: len(asked)]  # rank order until then
+    later = [source.ask() for _ in range(20)]
+    assert all(c is not None and family(c) != doomed for c in later)
+    ids = [c.candidate_id for c in later if c is not None]
+    # The others keep their rank order.
+    assert ids == sorted(ids, key=plain.index)
+    jumped = [i for i in plain[: plain.index(ids[-1])] if i not in {*asked, *ids}]
+    assert jumped  # the demoted family's rows ranked among them wait
+    # One build of the family that succeeds brings the rest of it back in rank order.
+    source.tell(first, None, _build(first, "ok", conv_gfx942))
+    nxt = source.ask()
+    assert nxt is not None
+    unasked = [i for i in plain if i not in {*asked, *ids}]
+    assert nxt.candidate_id == unasked[0]
+
+
+def test_failed_builds_logged_earlier_reorder_a_resumed_run(conv_gfx942: CandidateSet) -> None:
+    fresh = ranked_order(conv_gfx942, "heuristic")
+    asked = [fresh.ask() for _ in range(40)]
+    doomed = family(asked[0])  # type: ignore[arg-type]
+    history = [_build(c, "failed", conv_gfx942) for c in asked
+               if c is not None and family(c) == doomed][:DEMOTE_AFTER[-1]]
+    assert len(history) == DEMOTE_AFTER[-1]
+    resumed = ranked_order(conv_gfx942, "heuristic", history=history)
+    assert resumed.demoted().any() and not resumed.demoted().all()
+    candidate = resumed.ask()
+    assert candidate is not None and family(candidate) != doomed

@@ -484,7 +484,8 @@ class DispatchTuner:
         )
 
     def _settle(self, source: CandidateSource, candidate: Candidate, record: ResultRecord) -> None:
-        """Tell the source a measured or failed candidate's outcome, then log it.
+        """Tell the source a measured, failed or (compiling only) built candidate's outcome, then
+        log it.
 
         The source hears first: a shared study then holds the result before the log does, so a
         kill between the two never lets another worker measure the candidate again (the study
@@ -584,11 +585,11 @@ class DispatchTuner:
                                              self._compile_record(compiled))
                         elif self.options.compile_only:
                             if self.benchmarked < budget:
-                                self._append(self._compile_record(compiled))
-                                self.done.add(compiled.candidate.compilation_info)
+                                # Built and logged: done (told, so an order learns it built).
+                                self._settle(source, compiled.candidate,
+                                             self._compile_record(compiled))
                                 self.benchmarked += 1
                                 progress.note_built(compiled)
-                                source.skip(compiled.candidate)  # built and logged: done
                             else:
                                 source.release(compiled.candidate)
                             if compiled.vmfb is not None:

@@ -95,7 +95,7 @@ def candidate_source(
             how = "online search, prior from" if options.order == "online" else "candidates ordered by"
             logger.info("%s: %s the %s", problem.key[:40], how, where)
     if options.order != "online":
-        return ranked_order(cset, options.order, options.seed, model)
+        return ranked_order(cset, options.order, options.seed, model, history)
     from dispatchtune.search.online_source import OnlineSource
     from dispatchtune.search.optuna_search import default_storage
 
