@@ -190,8 +190,9 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
     if proc.returncode != 0:
         # stderr also holds the IR dumps: only an error line or the crash says what went wrong.
         reason = compiler_failure(proc.returncode, proc.stderr)
-        if target is not None and "missing GPU target" in reason:
-            # The target, not the file: e.g. IREE 3.13 has no description of sm_90.
+        if target is not None and ("missing GPU target" in reason
+                                   or re.search(r"Unknown \w+ target", reason)):
+            # The target, not the file: e.g. IREE 3.13 has no description of sm_90 or gfx1030.
             raise TargetError(f"IREE {iree_compiler_version()} has no GPU description of "
                               f"target {target.name!r} (`{target.compile_flags[-1]}`): {reason}")
         raise InputError(f"iree-compile rejected {path}: {reason}")

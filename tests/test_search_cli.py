@@ -138,13 +138,15 @@ def test_a_dump_directory_without_a_tunable_op_is_one_line_and_exit_2(tmp_path: 
                                 "tunable root op")
 
 
-def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file() -> None:
-    """`sm_90` is a valid NVIDIA name IREE 3.13 has no GPU description of: one line naming the
-    target and exit 2 (it used to read as the input file being rejected)."""
-    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target", "sm_90")
+@pytest.mark.parametrize("target", ["sm_90", "gfx1030"])
+def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file(target: str) -> None:
+    """`sm_90` and `gfx1030` are valid NVIDIA / AMD names IREE 3.13 has no GPU description of (it
+    says so in two wordings): one line naming the target and exit 2 (it used to read as the input
+    file being rejected)."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target", target)
     assert proc.returncode == 2
     (line,) = proc.stderr.strip().splitlines()
-    assert "no GPU description of target 'sm_90'" in line and "rejected" not in line
+    assert f"no GPU description of target '{target}'" in line and "rejected" not in line
 
 
 def test_rank_says_the_heuristic_ranks_where_no_model_ships() -> None:
