@@ -410,6 +410,56 @@ def test_the_confirmation_plan_is_logged_before_anything_is_measured() -> None:
     assert decided_records([plan, *measured], ["k"], "host") == measured
 
 
+def test_screening_without_a_confirmation_after_it_is_pending() -> None:
+    """Screening waits for a confirmation when none followed it: a run killed between its last
+    screening measurement and the plan record, or one that screened more after a confirmation."""
+    from dispatchtune.datasets.records import RecordKind, ResultRecord
+    from dispatchtune.tuner.report import confirmation_pending
+
+    def record(kind: RecordKind, candidate_id: int, **fields: Any) -> ResultRecord:
+        return ResultRecord(problem={}, problem_key="k", target="host", device="local-sync",
+                            candidate_id=candidate_id, kind=kind, session="s", **fields)
+
+    screened = [record(RecordKind.CANDIDATE, i, bench_status="ok", times_ms=[1.0])
+                for i in range(2)]
+    failed = record(RecordKind.CANDIDATE, 5, compile_status="failed")
+    plan = record(RecordKind.CONFIRM, -1, confirm_rounds=1, confirm_finalists=1)
+    measured = record(RecordKind.CONFIRM, 0, confirm_round=0, confirm_rounds=1,
+                      confirm_finalists=1, bench_status="ok", times_ms=[1.0])
+    assert confirmation_pending(screened, "k", "host")
+    assert confirmation_pending([*screened, plan], "k", "host")  # interrupted
+    assert not confirmation_pending([*screened, plan, measured], "k", "host")
+    assert not confirmation_pending([*screened, plan, measured, failed], "k", "host")
+    assert confirmation_pending([*screened, plan, measured, screened[0]], "k", "host")
+    assert not confirmation_pending([failed], "k", "host")  # nothing to confirm
+    assert not confirmation_pending(screened, "other", "host")
+
+
+def test_a_run_killed_before_its_confirmation_started_confirms_on_resume(tmp_path: Path) -> None:
+    """The log a kill between the last screening measurement and the confirmation's plan leaves
+    (a finished run's log cut after its last candidate record): the same command again confirms
+    instead of writing the spec from one screening measurement."""
+    out = tmp_path / "run"
+    results = out / "results.jsonl"
+    argv = [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE), "--target", "host",
+            "--budget", "2", "-o", str(out), "--repetitions", "2", "--confirm-top", "2",
+            "--confirm-rounds", "2", "--min-speedup", "0.5", "--no-verify"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr
+    lines = results.read_text().splitlines(keepends=True)
+    records = list(read_results(results))
+    last_screened = max(i for i, r in enumerate(records) if r.is_candidate)
+    assert any(r.is_confirm for r in records[last_screened:])
+    results.write_text("".join(lines[: last_screened + 1]))
+
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "was interrupted: redoing it" in again.stderr
+    assert "confirmed in 2 round(s)" in again.stdout
+    after = list(read_results(results))
+    assert sum(r.is_candidate for r in after) == sum(r.is_candidate for r in records)
+
+
 def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
     """`tune DIR` on a model's dump (matmul, max pooling, elementwise add): the matmul is tuned,
     the pooling dispatch reported as not tuned, the elementwise one skipped in a summary line."""
@@ -425,7 +475,8 @@ def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert f"{dumps}: skipped 1 of 3 dispatch(es) without a tunable root op" in proc.stderr
-    assert "not tuned: CPU search supports convolutions, not pooling" in proc.stdout
+    assert ("not tuned: dispatchtune tunes contractions, convolutions and attention, not pooling"
+            in proc.stdout)
     tried = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
     assert len(tried) == 2 and {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
     assert all(r.compile_status == "ok" and r.verify_status == "ok" for r in tried)
@@ -455,3 +506,39 @@ def test_failures_say_whether_they_may_be_transient() -> None:
     assert legacy.may_be_transient and not legacy.transient
     measured = ResultRecord({}, "p", "host", "", 2, bench_status="ok", times_ms=[1.0])
     assert not measured.failed and not measured.may_be_transient
+
+
+def test_tune_says_it_disabled_const_eval_and_that_builds_with_the_spec_need_it(
+    tmp_path: Path,
+) -> None:
+    """IREE 3.13 crashes in const-eval of the fixture (as of BERT's export): tune dumps its
+    dispatches with --iree-opt-const-eval=false by itself, says that it did (the warning used to
+    read as advice no flag of tune could follow), and the summary tells the spec's users."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune",
+         str(FIXTURE.parent / "const_eval_crash_f32.mlir"), "--target", "host", "--budget", "1",
+         "-o", str(out), "--repetitions", "2", "--confirm-top", "0", "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (warning,) = [line for line in proc.stderr.splitlines() if "const-eval" in line]
+    assert "so dispatchtune built it with --iree-opt-const-eval=false" in warning
+    assert "use the flag for this input" not in warning
+    note = "tuned with `--iree-opt-const-eval=false`: compile it with that flag too"
+    assert note in proc.stdout and note in (out / "summary.md").read_text()
+
+
+def test_tune_says_iree_demotes_f64_to_f32(tmp_path: Path) -> None:
+    """An f64 matmul is compiled (and so tuned) as f32 by IREE's default input pipeline: one
+    warning says so, instead of the summary silently reading f32xf32->f32."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE.parent / "matmul_f64.mlir"),
+         "--target", "host", "--budget", "1", "-o", str(tmp_path / "out"), "--repetitions", "2",
+         "--confirm-top", "0", "--no-progress"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (warning,) = [line for line in proc.stderr.splitlines() if "f64" in line]
+    assert "1 root op(s) compute in f64 (linalg.matmul); IREE demotes f64 to f32" in warning
+    assert "f32xf32->f32" in proc.stdout

@@ -53,7 +53,7 @@ from dispatchtune.search.source import CandidateSource
 from dispatchtune.targets import Target
 from dispatchtune.toolchain import iree_compiler_version
 from dispatchtune.tuner.options import TuneOptions
-from dispatchtune.tuner.report import latest_confirmation, summarize, usable_candidates
+from dispatchtune.tuner.report import confirmation_pending, summarize, usable_candidates
 
 logger = logging.getLogger(__name__)
 
@@ -334,11 +334,11 @@ class DispatchTuner:
             return latest_attempts(read_results(self.log.path))
 
     def reconfirm_if_interrupted(self, progress: Any) -> None:
-        """Redo a confirmation that an interrupted run left incomplete (see `latest_confirmation`)."""
+        """Confirm screening that an interrupted run left unconfirmed (`confirmation_pending`):
+        a confirmation cut short, or one that never started."""
         if self.options.compile_only or self.options.confirm_top <= 0:
             return
-        _, complete = latest_confirmation(self._logged(), self.problem.key, self.target.name)
-        if complete:
+        if not confirmation_pending(self._logged(), self.problem.key, self.target.name):
             return
         progress.write(f"the confirmation of {self.problem.key} was interrupted: redoing it")
         if not self.baseline_vmfb.exists():

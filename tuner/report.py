@@ -173,6 +173,18 @@ def _complete(measured: Sequence[ResultRecord], planned: int) -> bool:
     return planned == 0 or len(measured) >= planned
 
 
+def confirmation_pending(records: Sequence[ResultRecord], problem_key: str, target: str) -> bool:
+    """Whether a dispatch's screening waits for a confirmation (with confirmation asked for): its
+    latest one was interrupted, or candidates were benchmarked after it, or with none at all (a
+    run killed between its last screening measurement and the confirmation's plan record)."""
+    if not latest_confirmation(records, problem_key, target)[1]:
+        return True
+    last = max((i for i, r in enumerate(records)
+                if r.is_confirm and r.belongs_to(problem_key, target)), default=-1)
+    return any(r.is_candidate and r.bench_status == "ok" and r.belongs_to(problem_key, target)
+               for r in records[last + 1:])
+
+
 def decided_records(
     records: Sequence[ResultRecord], problem_keys: Sequence[str], target: str, warn: bool = False
 ) -> list[ResultRecord]:

@@ -264,7 +264,7 @@ class _ModelTuner:
 
         dispatch_dir = self.out / "dispatches"
         results = dispatch_dir / "results.jsonl"
-        from dispatchtune.tuner.report import latest_confirmation
+        from dispatchtune.tuner.report import confirmation_pending
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the loop reports corrupt lines when it resumes
@@ -273,11 +273,11 @@ class _ModelTuner:
         tuned = [s for s in selected if s.budget > 0]
 
         def unfinished(share: DispatchShare) -> bool:
-            """Budget left, or a confirmation an interrupted run left incomplete."""
+            """Budget left, or screening an interrupted run left unconfirmed."""
             if spent.get(share.key, 0) < share.budget:
                 return True
-            return self.options.top > 0 and not latest_confirmation(
-                logged, share.key, self.target.name)[1]
+            return self.options.top > 0 and confirmation_pending(logged, share.key,
+                                                                 self.target.name)
 
         # Finished keys are not handed to the loop again: it would only dump, strip and re-read
         # their benchmarks to find nothing left to do.
