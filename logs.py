@@ -25,6 +25,15 @@ def configure(level: int = logging.INFO) -> None:
     logger.propagate = False
 
 
+def progress_mode(progress: bool | None) -> str:
+    """How a long run shows its progress on stderr: "bar" (tqdm), "lines" (one line per step)
+    or "off". `progress` None: a bar on a terminal, else lines, since a bar's carriage returns
+    turn a log file or a pipe into one unreadable line; True: a bar; False: nothing."""
+    if progress is None:
+        return "bar" if sys.stderr.isatty() else "lines"
+    return "bar" if progress else "off"
+
+
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever `sys.stderr` is at the time (tests and wrappers replace it)."""
 

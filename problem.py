@@ -173,17 +173,41 @@ class Problem:
         shape = "x".join(str(s) for s in self.loop_sizes)
         return f"{self.kind}_{shape}_{'_'.join(self.element_types)}_{digest}"
 
+    # ---- pooling -------------------------------------------------------------------------------
+    @property
+    def is_pooling(self) -> bool:
+        """A pooling op (max, sum or average over a window; `linalg.pooling_*`, generalised by the
+        time tuning specs match). IREE's convolution interface accepts it, but it has no channel
+        loop: its channels are batch loops and its "filter" is a window of shape only."""
+        return self.kind == "convolution" and not any(
+            self.loops(c) for c in ("depth", "output_channel", "input_channel"))
+
+    @property
+    def kind_label(self) -> str:
+        """The kind as shown to users: `kind`, or "pooling" (whose `kind` stays "convolution": it
+        is part of the problem key in logs and datasets)."""
+        return "pooling" if self.is_pooling else self.kind
+
+    def class_label(self, dim_class: str) -> str:
+        """A dimension class as shown to users: a pooling op's batch loops hold its channels too,
+        and its filter loops are the window."""
+        if self.is_pooling:
+            return {"batch": "batch/channels", "filter_loop": "window"}.get(dim_class, dim_class)
+        return dim_class
+
     def describe(self) -> str:
         """One human-readable line: kind, class sizes, types."""
         parts = []
         for dim_class in DIM_CLASSES[self.kind]:
             sizes = self.sizes(dim_class)
             if sizes:
-                parts.append(f"{dim_class}={'x'.join(map(str, sizes))}")
+                parts.append(f"{self.class_label(dim_class)}={'x'.join(map(str, sizes))}")
         if self.kind == "convolution":
             parts.append(f"strides={list(self.strides)} dilations={list(self.dilations)}")
-        types = "x".join(self.input_types) + "->" + self.output_type
-        return f"{self.kind} {' '.join(parts)} {types}"
+        # A pooling window operand has a shape and no values: only the input's type is read.
+        inputs = self.input_types[:1] if self.is_pooling else self.input_types
+        types = "x".join(inputs) + "->" + self.output_type
+        return f"{self.kind_label} {' '.join(parts)} {types}"
 
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form (the record format of logs and datasets)."""

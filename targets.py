@@ -92,8 +92,9 @@ class Target:
             return "--iree-codegen-transform-dialect-library"
         return "--iree-codegen-tuning-spec-path"
 
-    def check_runs_here(self) -> None:
-        """Raise a one-line `TargetError` if this machine cannot run this llvm-cpu target's code."""
+    def check_runs_here(self, remedy: str = "use --target host or --compile-only") -> None:
+        """Raise a one-line `TargetError` if this machine cannot run this llvm-cpu target's code
+        (`remedy`: what the command suggests instead)."""
         if self.is_gpu or self.name == _TARGETS[0].name:
             return
         missing = sorted(set(self.cpu_facts().features) - set(_TARGETS[0].cpu_facts().features))
@@ -101,7 +102,7 @@ class Target:
             raise TargetError(
                 f"this machine's CPU lacks {', '.join(missing[:4])}"
                 f"{' ...' if len(missing) > 4 else ''} of {self.arch}, so {self.name} binaries "
-                "cannot be benchmarked here; use --target host or --compile-only"
+                f"cannot be benchmarked here; {remedy}"
             )
 
     def cpu_facts(self) -> CpuFacts:

@@ -76,18 +76,19 @@ _Result = TypeVar("_Result")
 def retry_without_const_eval(
     flags: Sequence[str], build: Callable[[list[str]], _Result],
     failed: Callable[[_Result], bool], what: str,
-) -> _Result:
-    """`build(flags)`, once more with `NO_CONST_EVAL` added when it fails; a retry that succeeds
-    is logged (the user's own builds need the flag too)."""
+) -> tuple[_Result, list[str]]:
+    """`build(flags)`, once more with `NO_CONST_EVAL` added when it fails: the result and the
+    flags that gave it. A retry that succeeds is logged as done, not as advice: nothing asks
+    the user for the flag, but their own builds of the input need it too."""
     result = build(list(flags))
     if failed(result) and NO_CONST_EVAL not in flags:
         retry = build([*flags, NO_CONST_EVAL])
         if not failed(retry):
-            logger.warning("%s fails with the target's flags and builds with %s (IREE's constant "
-                           "evaluation crashes on it): use the flag for this input", what,
-                           NO_CONST_EVAL)
-            return retry
-    return result
+            logger.warning("%s fails to build with the target's flags (IREE's constant evaluation "
+                           "crashes on it), so dispatchtune built it with %s; pass that flag too "
+                           "when you compile it", what, NO_CONST_EVAL)
+            return retry, [*flags, NO_CONST_EVAL]
+    return result, list(flags)
 
 
 def compiler_failure(returncode: int, stderr: str) -> str:

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from dispatchtune.targets import get_target
 
     target = get_target(args.target)
+    knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     problems = load_problems(args.file, target)
     if not problems:
         raise InputError(f"{shown(args.file)}: no tunable root op found")
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         problem = problems[args.op_index]
     candidates = enumerate_candidates(
-        problem, target, args.pipeline, args.limit, extra_knobs=extra_knobs(args),
+        problem, target, args.pipeline, args.limit, extra_knobs=knobs,
         heuristic_filters=args.heuristic_filters,
     )
     out = sys.stdout

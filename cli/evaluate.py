@@ -14,6 +14,7 @@ from dispatchtune.cli.options import (
     add_number,
     output_dir,
     path_or_dataset,
+    progress_of,
 )
 from dispatchtune.errors import InputError
 
@@ -43,25 +44,28 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--split", choices=("problem", "device"), default="problem",
                         help="what learned models leave out: the scored problem (default) or "
                         "its whole device")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress output (default: a bar on a terminal, else one line "
+                        "per space and order)")
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from dispatchtune.evaluation.harness import replay_rows, summarize, write_report
+    from dispatchtune.evaluation.harness import hit_budgets, replay_rows, summarize, write_report
 
     orders = [o.strip() for o in str(args.orders).split(",") if o.strip()]
     if not orders:
         raise InputError("--orders is empty")
     output_dir(args.output_dir, "--output-dir", ("report.md", "results.csv", "runs.csv", "best_so_far.png"))
     rows = replay_rows(args.dataset, orders, range(args.seeds), args.threshold,
-                       args.max_benchmarks, args.split, progress=not args.no_progress)
+                       args.max_benchmarks, args.split, progress=progress_of(args))
     command = "dispatchtune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = write_report(rows, args.output_dir, args.threshold, "Ordering evaluation",
                           args.max_benchmarks, command)
     overall = summarize(rows, args.max_benchmarks)
     overall = overall[overall["problem"] == "ALL"]
-    shown = overall[["order", "median", "p90", "random_expected", "x_fewer_than_random", "hit@200"]]
+    hit = f"hit@{hit_budgets(args.max_benchmarks)[-1]}"  # the widest within the cap
+    shown = overall[["order", "median", "p90", "random_expected", "x_fewer_than_random", hit]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"report: {report}", file=sys.stderr)
     return 0

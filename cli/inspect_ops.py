@@ -33,7 +33,7 @@ def _layout(problem: Problem) -> str:
         for loop in loops:
             letters[loop] = names.get(dim_class, "")
     if problem.kind == "convolution":
-        return "conv"
+        return "pool" if problem.is_pooling else "conv"
     parts = []
     for amap in problem.indexing_maps:
         results = amap.split("->")[1].strip(" ()")
@@ -51,22 +51,26 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"index": index, "key": problem.key, **problem.to_dict()}))
             continue
         sizes = ", ".join(
-            f"{cls}={'x'.join(map(str, problem.sizes(cls)))}"
+            f"{problem.class_label(cls)}={'x'.join(map(str, problem.sizes(cls)))}"
             for cls in DIM_CLASSES[problem.kind]
             if problem.sizes(cls)
         )
         print(f"[{index}] {problem.name or '<anonymous>'}")
-        print(f"    kind:    {problem.kind} ({problem.op_name})")
+        print(f"    kind:    {problem.kind_label} ({problem.op_name})")
         print(f"    sizes:   {sizes}")
         if problem.kind == "convolution":
             print(f"    strides: {list(problem.strides)}  dilations: {list(problem.dilations)}")
-        types = " x ".join(problem.input_types) + f" -> {problem.output_type}"
+        # A pooling window operand has a shape and no values: only the input's type is read.
+        inputs = problem.input_types[:1] if problem.is_pooling else problem.input_types
+        types = " x ".join(inputs) + f" -> {problem.output_type}"
         print(f"    types:   {types}")
         print(f"    layout:  {_layout(problem)}")
         for name, amap in zip(_operand_names(problem), problem.indexing_maps, strict=False):
             print(f"      {name:6s} {amap}")
         print(f"    GFLOP:   {problem.flops / 1e9:.3f}")
         print(f"    key:     {problem.key}")
+        if problem.is_pooling:
+            print("    tuned:   no (rank and tune skip pooling)")
     return 0
 
 
@@ -74,5 +78,5 @@ def _operand_names(problem: Problem) -> list[str]:
     if problem.kind == "attention":
         return ["Q", "K", "V", "out"]
     if problem.kind == "convolution":
-        return ["input", "filter", "out"]
+        return ["input", "window" if problem.is_pooling else "filter", "out"]
     return ["lhs", "rhs", "out"]

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dispatchtune.errors import InputError
+from dispatchtune.targets import Target
 from dispatchtune.tuner.model.options import ModelTuneOptions
-from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions
+from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions, check_waves_per_eu
 
 #: Defaults of the dispatch loop and of whole-model tuning (the dataclasses are the one source).
 TUNE_DEFAULTS = TuneOptions()
@@ -147,11 +148,15 @@ def output_dir(path: Path, flag: str, files: Sequence[str] = ()) -> Path:
     return path
 
 
-def output_file(path: Path, flag: str, companions: Sequence[Path] = ()) -> Path:
-    """Check, before the work, that the file `path` (and `companions` beside it) can be written."""
+def output_file(path: Path, flag: str, example: str, companions: Sequence[Path] = ()) -> Path:
+    """Check, before the work, that the file `path` (and `companions` beside it) can be written.
+
+    `example` is a file name of the kind `flag` writes (`ranked.csv`), for the message when
+    `path` is a directory.
+    """
     for target in (path, *companions):
         if target.is_dir():
-            raise InputError(f"{flag} {target} is a directory; give a file path such as model.json")
+            raise InputError(f"{flag} {target} is a directory; give a file path such as {example}")
     if path.parent.exists() and not path.parent.is_dir():
         raise InputError(f"{flag} {path}: {path.parent} is a file, not a directory")
     try:
@@ -294,9 +299,11 @@ def add_waves_per_eu_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def extra_knobs(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
-    """The extra GPU knobs the command line asks for (None: IREE's space as is)."""
+def extra_knobs(args: argparse.Namespace, target: Target) -> dict[str, tuple[int, ...]] | None:
+    """The extra GPU knobs the command line asks for (None: IREE's space as is); a flag that does
+    not apply to `target` is refused by its name."""
     waves = getattr(args, "waves_per_eu", None)
+    check_waves_per_eu(waves or (), target)
     return {"waves_per_eu": waves} if waves else None
 
 

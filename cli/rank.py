@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from dispatchtune.targets import get_target
 
     if args.csv is not None:
-        output_file(args.csv, "--csv")
+        output_file(args.csv, "--csv", "ranked.csv")
     target = get_target(args.target)
     order = order_of(args)
     model = None
@@ -85,12 +85,13 @@ def run(args: argparse.Namespace) -> int:
 
         if isinstance(model, HeuristicModel):
             order = "heuristic"  # no model for this target: the headers say what ranks
+    knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     tables = []
     problems = load_problems(args.file, target)
     skipped: dict[str, str] = {}
     for problem in problems:
         with skip_dispatch_on_error(problem.key, skipped):
-            cset = enumerate_candidates(problem, target, extra_knobs=extra_knobs(args),
+            cset = enumerate_candidates(problem, target, extra_knobs=knobs,
                                         heuristic_filters=args.heuristic_filters)
             ranked = rank(cset, order=order, seed=args.seed, model=model)
         if problem.key in skipped:

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
     output: Path = args.output
     # Checked before training: an unwritable output would otherwise lose minutes of work.
-    output_file(output, "--output", report_paths(output))
+    output_file(output, "--output", "model.json", report_paths(output))
     progress = sys.stderr.isatty()
     data = load_training_data(args.inputs, f"{args.time}_ms", progress)
     print(f"training data: {len(data.times)} rows, {len(data.problems)} problems", file=sys.stderr)

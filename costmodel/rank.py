@@ -79,7 +79,10 @@ def rank(
             chosen = model_for_target(target.name)[0]
         else:
             chosen = HeuristicModel()
-        scores = np.asarray(chosen.predict_candidates(features, table), dtype=np.float64)
+        # An empty space (IREE's constraints admit no configuration) has nothing to score: a
+        # model's feature basis is not even defined on zero rows.
+        scores = np.asarray(chosen.predict_candidates(features, table) if len(table)
+                            else np.zeros(0), dtype=np.float64)
         positions = order_by_score(scores, seed)
     ranked = table.iloc[positions].copy()
     ranked["score"] = scores[positions]

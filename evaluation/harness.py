@@ -41,6 +41,7 @@ from dispatchtune.datasets.spaces import load_spaces
 from dispatchtune.errors import InputError
 from dispatchtune.features.kerneltuner import same_architecture
 from dispatchtune.features.spaces import has_features, space_features
+from dispatchtune.logs import progress_mode
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,15 @@ HIT_BUDGETS = (10, 50, 200)
 #: TPE stops after this many proposals (repeats and invalid points included) per benchmark allowed.
 TPE_PROPOSALS_PER_BENCHMARK = 3
 CURVE_POINTS = 1000
+
+
+def hit_budgets(max_benchmarks: int) -> tuple[int, ...]:
+    """The B of the hit@B columns (share of runs within B benchmarks) of a replay of at most
+    `max_benchmarks` per run: `HIT_BUDGETS` up to it, and the cap itself when it cuts them short.
+    A larger B would only repeat the cap's figure under a name that promises more benchmarks."""
+    budgets = tuple(b for b in HIT_BUDGETS if b <= max_benchmarks)
+    return budgets if max_benchmarks >= HIT_BUDGETS[-1] or max_benchmarks in budgets else (
+        *budgets, max_benchmarks)
 
 
 @dataclass
@@ -286,7 +296,7 @@ def replay_spaces(
     threshold: float = 0.05,
     max_benchmarks: int = 1000,
     split: str = "problem",
-    progress: bool = True,
+    progress: bool | None = None,
     only: Sequence[str] | None = None,
     stop_at_hit: bool = False,
 ) -> pd.DataFrame:
@@ -294,6 +304,8 @@ def replay_spaces(
 
     `only` names the spaces to replay (default: all); the others still train learned models.
     `stop_at_hit` ends online runs at their first hit (same count, shorter `evaluated` and curve).
+    `progress` as `tune`'s (`logs.progress_mode`): None is a bar on a terminal, else a line per
+    space and order.
     """
     unknown = [o for o in orders if o not in EVALUATION_ORDERS]
     if unknown:
@@ -303,7 +315,10 @@ def replay_spaces(
     models = _Models(spaces, split)
     rows = []
     jobs = [(s, o) for s in spaces for o in orders if only is None or s.problem in only]
-    for space, name in tqdm(jobs, desc="replaying", disable=not progress):
+    mode = progress_mode(progress)
+    for done, (space, name) in enumerate(tqdm(jobs, desc="replaying", disable=mode != "bar")):
+        if mode == "lines":
+            logger.info("[%d/%d] replaying %s on %s", done + 1, len(jobs), name, space.problem)
         limit = min(max_benchmarks, space.n)
         if name in LEARNED:
             scores = models.scores(name, space)
@@ -340,7 +355,7 @@ def replay_rows(
     threshold: float = 0.05,
     max_benchmarks: int = 1000,
     split: str = "problem",
-    progress: bool = True,
+    progress: bool | None = None,
 ) -> pd.DataFrame:
     """`replay_spaces` over every space of `datasets` (paths)."""
     return replay_spaces(load_replay_spaces(datasets), orders, seeds, threshold, max_benchmarks, split,
@@ -363,7 +378,8 @@ def _top_score(row: pd.Series, k: int) -> float:
 
 def summarize(rows: pd.DataFrame, max_benchmarks: int = 1000) -> pd.DataFrame:
     """Per (problem, order) and per order over all problems: median/mean/p90 with a bootstrap 95%
-    CI of the median, hit rates within 10/50/200 benchmarks, top-1/top-5 and the random figure.
+    CI of the median, hit rates within 10/50/200 benchmarks (`hit_budgets`: none beyond
+    `max_benchmarks`), top-1/top-5 and the random figure.
 
     Runs that never reached the threshold count as `max_benchmarks + 1` in the statistics (so a
     median is an honest lower bound) and as misses in the hit rates.
@@ -396,7 +412,7 @@ def summarize(rows: pd.DataFrame, max_benchmarks: int = 1000) -> pd.DataFrame:
                 "random_expected": random_expected,
             }
             record["x_fewer_than_random"] = random_expected / record["median"]
-            for budget in HIT_BUDGETS:
+            for budget in hit_budgets(max_benchmarks):
                 record[f"hit@{budget}"] = float((g["benchmarks_to_threshold"] <= budget).mean())
             record["top1"] = float(g["top1"].mean())
             record["top5"] = float(g["top5"].mean())
@@ -481,7 +497,7 @@ def write_report(rows: pd.DataFrame, out_dir: Path, threshold: float, title: str
     overall = summary[summary["problem"] == "ALL"].drop(columns=["problem"])
     detail = summary[summary["problem"] != "ALL"][
         ["problem", "order", "median", "ci_low", "ci_high", "p90", "random_expected",
-         "x_fewer_than_random", "hit@200"]]
+         "x_fewer_than_random", f"hit@{hit_budgets(max_benchmarks)[-1]}"]]
     lines = [
         f"# {title}", "",
         f"Benchmarks until the first candidate within {threshold:.0%} of each space's best "

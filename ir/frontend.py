@@ -67,7 +67,11 @@ def load_problems(
     if not function_file:
         text = read_input(path)
         with ir.Context():
-            has_executables = _has_executables(_parse(text, path))
+            module = _parse(text, path)
+            has_executables = _has_executables(module)
+            if not has_executables and "f64" in text:  # dumps were demoted when they were made
+                _warn_f64_demoted(module, path)
+            del module
         del text
     matched_ir = _ir_seen_by_tuning_specs(path, None if has_executables else target)
     problems: list[Problem] = []
@@ -139,6 +143,42 @@ def load_dispatch_files(
     return loaded
 
 
+def warn_if_f64_demoted(text: str, path: Path) -> None:
+    """Say (a warning) when a model/function's root ops compute in f64: IREE demotes every f64
+    op to f32 before codegen by default (`--iree-input-demote-f64-to-f32`), so those ops are
+    shown and tuned as the f32 ops IREE compiles, and nothing else would say why."""
+    from iree.compiler import ir
+
+    if "f64" not in text:  # most inputs: no second parse of a large export
+        return
+    with ir.Context():
+        try:
+            module = _parse(text, path)
+        except InputError:
+            return  # not for this note to report: the build reports malformed input
+        _warn_f64_demoted(module, path)
+
+
+def _warn_f64_demoted(module: Any, path: Path) -> None:
+    from iree.compiler import ir
+    from iree.compiler.dialects import linalg
+
+    def f64(value: Any) -> bool:
+        return isinstance(value.type, ir.ShapedType) and str(
+            ir.ShapedType(value.type).element_type) == "f64"
+
+    names = [
+        op.name for op in _candidate_root_ops(module)
+        if (op.name in _ATTENTION_OPS or linalg.isa_contraction_op(op)
+            or linalg.isa_convolution_op(op))
+        and any(f64(v) for v in [*op.operands, *op.results])
+    ]
+    if names:
+        logger.warning("%s: %d root op(s) compute in f64 (%s); IREE demotes f64 to f32 by default "
+                       "(--iree-input-demote-f64-to-f32), so they are compiled, shown and tuned as "
+                       "f32", path, len(names), ", ".join(sorted(set(names))))
+
+
 def read_input(path: Path) -> str:
     """The text of an input file; a missing or unreadable file is a one-line `InputError`."""
     if not path.is_file():
@@ -186,7 +226,7 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
         )
 
     flags = [] if target is None else list(target.compile_flags)
-    proc = retry_without_const_eval(flags, configure, lambda p: p.returncode != 0, str(path))
+    proc, _ = retry_without_const_eval(flags, configure, lambda p: p.returncode != 0, str(path))
     if proc.returncode != 0:
         # stderr also holds the IR dumps: only an error line or the crash says what went wrong.
         reason = compiler_failure(proc.returncode, proc.stderr)

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -86,7 +86,16 @@ def is_dispatch_benchmark(text: str) -> bool:
     return BENCHMARK_MARKER in text
 
 
-def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) -> list[Path]:
+class DumpedBenchmarks(NamedTuple):
+    """The benchmark files dumped from a model, and the compile flags that dumped them."""
+
+    files: list[Path]
+    #: The target's flags, plus `NO_CONST_EVAL` when the model fails to build without it (then
+    #: every build of the model with the tuned spec needs it too: the run's summary says so).
+    compile_flags: tuple[str, ...]
+
+
+def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) -> DumpedBenchmarks:
     """Compile a model/function and dump one benchmark file per dispatch into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -98,8 +107,8 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
             600,
         )
 
-    proc = retry_without_const_eval(target.compile_flags, dump, lambda p: not p.ok,
-                                    str(input_path))
+    proc, flags = retry_without_const_eval(target.compile_flags, dump, lambda p: not p.ok,
+                                           str(input_path))
     if not proc.ok:
         raise InputError(f"iree-compile {proc.status} on {input_path}: {proc.error}")
     files = sorted(out_dir.glob("*_benchmark.mlir"))
@@ -118,7 +127,7 @@ def dump_dispatch_benchmarks(input_path: Path, target: Target, out_dir: Path) ->
             file.write_text(completed)
             logger.info("%s: synthesised the blobs it references but does not carry: %s",
                         file.name, ", ".join(added))
-    return files
+    return DumpedBenchmarks(files, tuple(flags))
 
 
 def _blob(type_text: str, seed: int) -> str:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from dispatchtune.errors import InputError
 from dispatchtune.measure.remote import RemoteRunner, parse_transport
+from dispatchtune.measure.runner import LocalRunner, unavailable_remedy
+from dispatchtune.targets import Target
 
 # local-sync, local-task, hip://0, cuda://1, vulkan, ...
 _DEVICE_URI = re.compile(r"^[a-z][a-z0-9_-]*(://[A-Za-z0-9_.:-]*)?$")
@@ -71,19 +73,37 @@ def parse_devices(entries: Sequence[str], default_runner: str, default_uri: str)
     return specs
 
 
+def check_devices_here(
+    specs: Sequence[DeviceSpec], target: Target, suggest_compile_only: bool = True
+) -> None:
+    """Refuse in one line, before anything is built, a run whose devices on this machine cannot
+    run `target`'s code: a CPU that lacks the target's features, a GPU whose driver does not load
+    (devices elsewhere are checked when `remote_runners` connects). `suggest_compile_only`: the
+    command has `--compile-only` to suggest (`tune` does, `tune-model` does not)."""
+    local = [spec for spec in specs if not spec.runner]
+    if not local:
+        return
+    target.check_runs_here("use --target host" + (" or --compile-only" if suggest_compile_only else ""))
+    for spec in local:
+        LocalRunner().check_device(spec.uri, unavailable_remedy(suggest_compile_only))
+
+
 @contextmanager
-def remote_runners(specs: Sequence[DeviceSpec], connect: bool = True) -> Iterator[Mapping[str, RemoteRunner]]:
+def remote_runners(
+    specs: Sequence[DeviceSpec], connect: bool = True, suggest_compile_only: bool = True
+) -> Iterator[Mapping[str, RemoteRunner]]:
     """One runner (one connection, one benchmark stream) per remote device, by device name;
     connected up front when `connect` (an unreachable host, a wrong runtime version or a device
     whose driver does not load there is one error before anything is compiled), closed at the
-    end."""
+    end. `suggest_compile_only` as for `check_devices_here`."""
     runners = {s.name: RemoteRunner(parse_transport(s.runner)) for s in specs if s.runner}
     try:
         if connect:
             for spec in specs:
                 if spec.runner:
                     runners[spec.name].connect()
-                    runners[spec.name].check_device(spec.uri)
+                    runners[spec.name].check_device(spec.uri,
+                                                    unavailable_remedy(suggest_compile_only))
         yield runners
     finally:
         for runner in runners.values():

@@ -441,11 +441,11 @@ class RemoteRunner:
         reply = self._request("iree-benchmark-module", args, files, [], settings.timeout_s)
         return benchmark_outcome(reply.result, settings, artifact.device, dispatch_statistics)
 
-    def check_device(self, uri: str) -> None:
+    def check_device(self, uri: str, remedy: str = "") -> None:
         args = list_devices_args(uri)
         if args is not None:
             reply = self._request("iree-run-module", args, {}, [], 60.0)
-            check_listed(reply.result, uri, f"on {self.label}")
+            check_listed(reply.result, uri, f"on {self.label}", remedy)
 
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         if not artifact.vmfb.exists():  # as the local runner reports it, without a round trip

@@ -105,9 +105,10 @@ class Runner(Protocol):
         """Run `call` once and read back its results."""
         ...
 
-    def check_device(self, uri: str) -> None:
+    def check_device(self, uri: str, remedy: str = "") -> None:
         """Raise a one-line `InputError` if the device's driver does not load where this runner
-        runs (a GPU URI without its runtime library): checked before anything is built."""
+        runs (a GPU URI without its runtime library): checked before anything is built.
+        `remedy` is what the command suggests instead (default: `unavailable_remedy()`)."""
         ...
 
 
@@ -121,7 +122,17 @@ def list_devices_args(uri: str) -> list[str] | None:
     return None if driver in _ALWAYS_THERE else [f"--list_devices={driver}"]
 
 
-def check_listed(result: ProcessResult, uri: str, where: str) -> None:
+def unavailable_remedy(suggest_compile_only: bool = True) -> str:
+    """What to do when a device here cannot run the target's code: benchmark on another machine,
+    or (`suggest_compile_only`: a command that has `--compile-only`, `tune`) only build here.
+    `tune-model` has no `--compile-only`: it needs the model measured."""
+    elsewhere = "--runner ssh://HOST to benchmark on a machine that has it"
+    if suggest_compile_only:
+        return f"use --compile-only to build and check candidates here, or {elsewhere}"
+    return f"use {elsewhere}"
+
+
+def check_listed(result: ProcessResult, uri: str, where: str, remedy: str = "") -> None:
     """Turn a failed `list_devices_args` run into the one-line refusal of `check_device`."""
     if result.ok:
         return
@@ -129,10 +140,8 @@ def check_listed(result: ProcessResult, uri: str, where: str) -> None:
     # IREE's status lines ("...: UNAVAILABLE; HIP runtime library ... not available") say why.
     reason = next((line.split("; ", 1)[-1].rstrip(": ") for code in ("UNAVAILABLE", "NOT_FOUND")
                    for line in lines if f"{code};" in line), result.error or "the driver did not load")
-    raise InputError(
-        f"device {uri} is not available {where} ({reason[:200]}); use --compile-only to build and "
-        "check candidates here, or --runner ssh://HOST to benchmark on a machine that has it"
-    )
+    raise InputError(f"device {uri} is not available {where} ({reason[:200]}); "
+                     f"{remedy or unavailable_remedy()}")
 
 
 def parse_benchmark_json(text: str, timer: str = "real") -> BenchmarkReport:
@@ -233,11 +242,11 @@ class LocalRunner:
             result = run_process(command, settings.timeout_s)
         return benchmark_outcome(result, settings, artifact.device, dispatch_statistics)
 
-    def check_device(self, uri: str) -> None:
+    def check_device(self, uri: str, remedy: str = "") -> None:
         args = list_devices_args(uri)
         if args is not None:
             check_listed(run_process([tool_path("iree-run-module"), *args], 60.0), uri,
-                         "on this machine")
+                         "on this machine", remedy)
 
     def run(self, artifact: Artifact, call: Call, timeout_s: float) -> RunOutcome:
         # Outputs go to raw files next to the binary and are gone once read.

@@ -44,12 +44,19 @@ def enumerate_candidates(
     `{"prefetch_num_stages": (1, 2, 3)}`. `heuristic_filters=False` (GPU) drops the constraints
     IREE marks as heuristic filters and keeps its validity constraints.
     """
-    from dispatchtune.errors import DispatchTuneError
+    from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
     from dispatchtune.targets import get_target
 
     resolved = get_target(target) if isinstance(target, str) else target
     if limit is not None and limit < 0:
         raise DispatchTuneError(f"limit must be >= 0, got {limit}")
+    if problem.is_pooling:
+        # Said once for every target: on a GPU IREE's own answer ("no constraints ... no MMA
+        # intrinsic fits these element types?") would blame the element types.
+        raise UnsupportedProblem(
+            "dispatchtune tunes contractions, convolutions and attention, not pooling (no channel "
+            "loops to tile on the CPU; IREE emits no GPU constraints for it)"
+        )
     if resolved.is_gpu:
         from dispatchtune.search.gpu import enumerate_gpu
 

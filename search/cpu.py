@@ -278,7 +278,7 @@ def _convolution(
         raise UnsupportedProblem(
             "CPU search supports 1-D and 2-D convolutions with one batch loop (not pooling or 3-D)"
         )
-    if not (shape.get("depth") or shape.get("output_channel") or shape.get("input_channel")):
+    if problem.is_pooling:  # refused before this by `enumerate_candidates`, for every target
         raise UnsupportedProblem(
             "CPU search supports convolutions, not pooling (no channel loops to tile)"
         )

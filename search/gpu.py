@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.candidate import DECOMPOSITION_KEY, with_decomposition
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
 from dispatchtune.problem import Problem
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
@@ -1082,7 +1082,7 @@ def enumerate_gpu(
     tables = []
     remaining = limit
     for space in chosen:
-        if remaining is not None and remaining <= 0:
+        if remaining is not None and remaining <= 0 and tables:  # limit=0: one empty table
             break
         table = enumerate_space(space, remaining)
         if extra_knobs:
@@ -1096,6 +1096,13 @@ def enumerate_gpu(
         CandidateSet(problem, target, t, {s.pipeline: materializer for s in chosen}) for t in tables
     ]
     result = CandidateSet.concat(sets)
+    if not len(result) and limit != 0:
+        # Said here, once for rank, candidates and tune: an empty table would read as "0
+        # candidates" and a tuning run would have nothing to try.
+        raise UnsupportedProblem(
+            f"IREE's {'/'.join(s.pipeline for s in chosen)} constraints admit no configuration of "
+            f"{problem.describe()} on {target.name}: nothing to tune (IREE's default config stays)"
+        )
     # The columns depend on the chosen pipelines only, not on where `limit` cut the rows.
     table = result.table
     for space in chosen:

@@ -154,6 +154,16 @@ BAD = [
      "--limit must be at least 0, got -1"),
     (["dispatchtune", "rank", MATMUL, "--cost-model", MATMUL], "not a dispatchtune model file"),
     (["dispatchtune", "rank", MATMUL, "--seed", "-3"], "--seed must be at least 0"),
+    # The flag by its name (it read "extra_knobs applies to GPU targets only"), before any work.
+    (["dispatchtune", "rank", MATMUL, "--waves-per-eu", "1,2"],
+     "--waves-per-eu is an AMD GPU hint; host is not an AMD target"),
+    (["dispatchtune", "candidates", MATMUL, "--target", "sm_80", "--waves-per-eu", "1"],
+     "--waves-per-eu is an AMD GPU hint; sm_80 is not an AMD target"),
+    # An example of the file the flag writes (it suggested model.json for --csv).
+    (["dispatchtune", "rank", MATMUL, "--csv", "examples"],
+     "is a directory; give a file path such as ranked.csv"),
+    (["train-costmodel", "shipped:cpu_host", "-o", "examples"],
+     "is a directory; give a file path such as model.json"),
     (["dispatchtune", "tune", MATMUL, "-o", "o", "--budget", "0"], "--budget must be at least 1"),
     (["dispatchtune", "tune", MATMUL, "-o", "o", "--jobs", "-5"], "--jobs must be at least 0, got -5"),
     (["dispatchtune", "tune", MATMUL, "-o", "o", "--compile-timeout", "0"],

@@ -16,6 +16,7 @@ from dispatchtune.evaluation.harness import (
     COLUMNS,
     _Models,
     _online_priors,
+    hit_budgets,
     load_replay_spaces,
     replay_spaces,
     write_report,
@@ -178,3 +179,40 @@ def test_online_priors_transfer_from_the_same_kernel_on_other_devices() -> None:
     assert others == {}
     rows = replay_spaces(spaces, ["knobs", "online"], range(2), progress=False, only=[ti.problem])
     assert set(rows["problem"]) == {ti.problem} and set(rows["order"]) == {"knobs", "online"}
+
+
+def test_hit_columns_stay_within_the_benchmark_cap() -> None:
+    """hit@B is the share of runs within B benchmarks: a replay capped below B cannot report it
+    (hit@200 of a 5-benchmark replay was hit@5 under another name)."""
+    assert hit_budgets(1000) == hit_budgets(200) == (10, 50, 200)
+    assert hit_budgets(100) == (10, 50, 100) and hit_budgets(50) == (10, 50)
+    assert hit_budgets(5) == (5,)
+
+
+def test_evaluate_cli_caps_hit_columns_and_prints_lines_when_stderr_is_not_a_terminal(
+    tmp_path: Path,
+) -> None:
+    """As `tune`: a progress bar only on a terminal, else one line per step (tqdm's carriage
+    returns made a log file one unreadable line)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "eval"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "evaluate", "--dataset", str(DATASETS[1]),
+         "--orders", "random,heuristic", "--seeds", "1", "--max-benchmarks", "5", "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header = proc.stdout.splitlines()[0].split()
+    assert header[-1] == "hit@5" and not any(c in header for c in ("hit@10", "hit@200"))
+    report = (out / "report.md").read_text()
+    assert "hit@5" in report and "hit@10" not in report and "hit@200" not in report
+    assert "\r" not in proc.stderr and "it/s" not in proc.stderr
+    assert "[1/2] replaying random on " in proc.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "evaluate", "--dataset", str(DATASETS[1]),
+         "--orders", "random", "--seeds", "1", "--no-progress", "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert quiet.returncode == 0 and quiet.stderr.splitlines() == [f"report: {out / 'report.md'}"]

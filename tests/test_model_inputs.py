@@ -73,7 +73,7 @@ def test_torch_export_with_sdpa_lowers_to_a_plain_tensor_function() -> None:
 
 def test_dumped_benchmark_carries_the_blobs_it_references(tmp_path: Path) -> None:
     model = FIXTURES / "mm_dense_resource_f32.mlir"
-    dumped = dump_dispatch_benchmarks(model, HOST, tmp_path / "dumped")
+    dumped = dump_dispatch_benchmarks(model, HOST, tmp_path / "dumped").files
     texts = [f.read_text() for f in dumped]
     assert any("dense_resource<bias>" in t for t in texts)
     for file in dumped:  # every dumped dispatch parses and compiles on its own

@@ -82,7 +82,8 @@ def test_rank_skips_a_dispatch_it_cannot_rank_and_ranks_the_rest() -> None:
     assert all(line["problem_key"].startswith(MATMUL_KEY) for line in lines)
     (warning,) = proc.stderr.splitlines()
     assert warning.startswith("dispatchtune: warning: " + POOL_KEY)
-    assert "not ranked: CPU search supports convolutions, not pooling" in warning
+    assert ("not ranked: dispatchtune tunes contractions, convolutions and attention, not pooling"
+            in warning)
 
     table = dispatchtune("rank", str(MIXED), "--target", "host", "--limit", "2")
     assert table.returncode == 0, table.stderr
@@ -157,3 +158,65 @@ def test_rank_says_the_heuristic_ranks_where_no_model_ships() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "heuristic (no model for this target)" in proc.stderr
     assert "candidates, heuristic order" in proc.stdout and "model order" not in proc.stdout
+
+
+def test_pooling_is_shown_as_pooling_and_refused_as_pooling_on_every_target() -> None:
+    """A max pooling is convolution-shaped to IREE (its channels a batch loop, its window a
+    filter): `inspect` used to show it as a convolution with batch=16; on a GPU the refusal
+    blamed the element types ("no MMA intrinsic fits these element types?")."""
+    pool = FIXTURES / "cpu_maxpool_nchw_f32.mlir"
+    inspected = dispatchtune("inspect", str(pool))
+    assert inspected.returncode == 0, inspected.stderr
+    assert "kind:    pooling (" in inspected.stdout and "convolution" not in inspected.stdout.split(
+        "key:")[0]
+    assert "batch/channels=16, output_image=8x8, window=3x3" in inspected.stdout
+    assert "types:   f32 -> f32" in inspected.stdout and "tuned:   no" in inspected.stdout
+    for target in ("host", "gfx942"):
+        ranked = dispatchtune("rank", str(pool), "--target", target)
+        assert ranked.returncode == 2
+        error = ranked.stderr.splitlines()[-1]  # after "ranking with the ... model" on gfx942
+        assert error.startswith("dispatchtune: error: ")
+        assert "tunes contractions, convolutions and attention, not pooling" in error
+        assert "MMA" not in error
+    # A real convolution of the same file shape is still a convolution, and still ranked.
+    conv = dispatchtune("rank", str(FIXTURES / "cpu_conv_nchw_f32.mlir"), "--limit", "1")
+    assert conv.returncode == 0 and ": convolution " in conv.stdout, conv.stderr
+
+
+def test_inspect_and_rank_say_iree_demotes_f64_to_f32() -> None:
+    """IREE's input pipeline demotes f64 to f32 by default: the f64 matmul is shown as the f32
+    one IREE compiles, and one warning says why."""
+    for command in ("inspect", "rank"):
+        proc = dispatchtune(command, str(FIXTURES / "matmul_f64.mlir"))
+        assert proc.returncode == 0, proc.stderr
+        (warning,) = proc.stderr.splitlines()
+        assert warning.startswith("dispatchtune: warning: ") and "matmul_f64.mlir" in warning
+        assert "compute in f64 (linalg.matmul); IREE demotes f64 to f32 by default" in warning
+    plain = dispatchtune("inspect", str(EXAMPLES / "matmul_f32_512.mlir"))
+    assert plain.returncode == 0 and "f64" not in plain.stderr
+
+
+def test_an_op_whose_gpu_space_is_empty_is_skipped_with_the_reason() -> None:
+    """ViT-tiny on 64x64 images attends over 17 tokens: IREE 3.13's f32 attention constraints on
+    gfx942 admit no configuration. `rank` says so in one line and ranks the rest (it used to
+    crash in the model on the empty table); the API ranks an empty table as empty."""
+    from dispatchtune.costmodel.rank import rank
+    from dispatchtune.errors import UnsupportedProblem
+    from dispatchtune.ir.frontend import load_problems
+    from dispatchtune.targets import get_target
+
+    source = FIXTURES / "torch_sdpa_17_tokens_f32.mlir"
+    proc = dispatchtune("rank", str(source), "--target", "gfx942", "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if "not ranked" in x]
+    assert "attention" in line and "admit no configuration" in line
+    assert "contraction_51x64x64" in proc.stdout and "candidates, model order" in proc.stdout
+
+    gpu = get_target("gfx942")
+    attention = next(p for p in load_problems(source, gpu) if p.kind == "attention")
+    with pytest.raises(UnsupportedProblem, match="admit no configuration"):
+        enumerate_candidates(attention, gpu)
+    matmul = next(p for p in load_problems(source, gpu) if p.kind == "contraction")
+    empty = enumerate_candidates(matmul, gpu, limit=0)
+    assert len(rank(empty, order="model")) == 0

@@ -31,7 +31,7 @@ HOST = get_target("host")
 
 @pytest.fixture(scope="module")
 def dumped(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    files = dump_dispatch_benchmarks(FIXTURE, HOST, tmp_path_factory.mktemp("dump"))
+    files = dump_dispatch_benchmarks(FIXTURE, HOST, tmp_path_factory.mktemp("dump")).files
     assert len(files) == 1
     return files[0]
 
@@ -138,3 +138,38 @@ def test_a_candidate_built_again_is_not_its_own_duplicate() -> None:
     assert registry.claim("aa", 7) is None
     assert registry.claim("aa", 9) == 7
     assert registry.claim("bb", 9) is None
+
+
+def test_failure_reasons_keep_the_message_and_drop_the_location(tmp_path: Path) -> None:
+    """Reasons used to be cut at 120 characters of the raw line: the path of the run's own
+    benchmark.mlir ate the width, so "exceeded the limit of" lost its limit and "killed by
+    SIGABRT: /tmp/.../benchmark.mlir:29:17: e" lost the whole message."""
+    from types import SimpleNamespace
+
+    from dispatchtune.datasets.records import ResultRecord
+    from dispatchtune.tuner.report import write_outputs
+
+    problem = Problem.matmul(128, 128, 128, "f16")
+    where = f"{tmp_path}/work dir/{problem.key}/benchmark.mlir"  # a path with a space, too
+    shared = (f"{where}:23:9: error: function 'main_dispatch_12_attention_4x2x128x64x64x128' uses "
+              "90112 bytes of shared memory; exceeded the limit of 65536 bytes")
+    abort = (f"killed by SIGABRT: {where}:29:17: error: contraction like operation missing "
+             "critical dimension")
+    records = [
+        ResultRecord(problem=problem.to_dict(), problem_key=problem.key, target="gfx942",
+                     device="hip://0", candidate_id=i, compile_status=status, compile_error=error)
+        for i, (status, error) in enumerate([("failed", shared), ("crashed", abort),
+                                             ("crashed", abort), ("failed", "x " * 150)])
+    ]
+    options = SimpleNamespace(min_speedup=1.02, estimator="min", compile_only=True)
+    result = write_outputs(records, [problem], get_target("gfx942"), tmp_path, options)
+    summary = (tmp_path / "summary.md").read_text()
+    for text in (result.text, summary):
+        assert ("function 'main_dispatch_12_attention_4x2x128x64x64x128' uses 90112 bytes of "
+                "shared memory; exceeded the limit of 65536 bytes") in text
+        assert "killed by SIGABRT: contraction like operation missing critical dimension" in text
+        assert "benchmark.mlir" not in text and "error:" not in text
+    assert "    2 x killed by SIGABRT: contraction like" in result.text
+    # A message longer than the width is cut between words, and says it was cut.
+    (long,) = [line for line in result.text.splitlines() if "x x x" in line]
+    assert long.endswith("x ...") and len(long) < 220

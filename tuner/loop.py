@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import socket
-import sys
 import threading
 import uuid
 import warnings
@@ -41,20 +40,21 @@ from dispatchtune.datasets.records import (
     read_results,
 )
 from dispatchtune.errors import InputError, StorageLost, skip_dispatch_on_error
+from dispatchtune.logs import progress_mode
 from dispatchtune.measure.benchfile import (
     PreparedDispatch,
     dump_dispatch_benchmarks,
     is_dispatch_benchmark,
     prepare_dispatch,
 )
-from dispatchtune.measure.devices import parse_devices, remote_runners
+from dispatchtune.measure.devices import check_devices_here, parse_devices, remote_runners
 from dispatchtune.measure.remote import RemoteError, RemoteRunner
-from dispatchtune.measure.runner import LocalRunner
 from dispatchtune.problem import Problem
 from dispatchtune.search.source import CandidateSource, StaticOrder, ranked_order
 from dispatchtune.targets import Target, get_target
+from dispatchtune.toolchain import NO_CONST_EVAL
 from dispatchtune.tuner.dispatch import DispatchTuner
-from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions
+from dispatchtune.tuner.options import TUNE_ORDERS, TuneOptions, check_waves_per_eu
 from dispatchtune.tuner.progress import Progress
 from dispatchtune.tuner.report import TuneResult, write_outputs
 
@@ -118,25 +118,38 @@ def candidate_source(
 
 
 # ---- preparing dispatches --------------------------------------------------------------------
-def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[PreparedDispatch]:
+def prepare_dispatches(
+    path: Path, target: Target, work_dir: Path
+) -> tuple[list[PreparedDispatch], list[str]]:
     """Stripped + filled benchmark files for every distinct tunable dispatch of `path` (a model
-    or function, a dumped dispatch benchmark, or a directory of them)."""
+    or function, a dumped dispatch benchmark, or a directory of them), and notes for the summary
+    on how the model was built (a build the user must repeat with the same flags)."""
     from dispatchtune.ir.frontend import (
         dispatch_files,
         load_dispatch_files,
         load_problems,
         read_input,
+        warn_if_f64_demoted,
     )
 
     path = Path(path)
+    notes: list[str] = []
+    text = "" if path.is_dir() else read_input(path)
     if path.is_dir():
         loaded = load_dispatch_files(dispatch_files(path), target, path)
-    elif is_dispatch_benchmark(read_input(path)):
+    elif is_dispatch_benchmark(text):
         loaded = [(path, load_problems(path, target))]
     else:
+        warn_if_f64_demoted(text, path)
+        del text  # a large export is not held through the dump
         dumped = dump_dispatch_benchmarks(path, target, work_dir / "dumped")
+        if NO_CONST_EVAL in dumped.compile_flags:
+            # The spec was tuned on that build: the user's builds with the spec need the flag.
+            notes.append(f"`{path.name}` fails to build with the target's flags (IREE's constant "
+                         f"evaluation crashes on it), so its dispatches were dumped and tuned "
+                         f"with `{NO_CONST_EVAL}`: compile it with that flag too.")
         # Most dispatches of a model are elementwise: skipped, as in a dump directory.
-        loaded = load_dispatch_files(dumped, target, path)
+        loaded = load_dispatch_files(dumped.files, target, path)
     prepared: list[PreparedDispatch] = []
     seen: set[str] = set()
     for source, problems in loaded:
@@ -146,7 +159,7 @@ def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> list[Prepa
             seen.add(problem.key)
             out = work_dir / problem.key / "benchmark.mlir"
             prepared.append(prepare_dispatch(source, problem, out))
-    return prepared
+    return prepared, notes
 
 
 LOCK_FILE = ".dispatchtune.lock"
@@ -221,14 +234,10 @@ def tune(
     options.validate()
     target = get_target(target) if isinstance(target, str) else target
     options = options.for_target(target.name)
-    if options.waves_per_eu and target.backend != "rocm":
-        raise InputError(f"--waves-per-eu is an AMD GPU hint; {target.name} is not an AMD target")
+    check_waves_per_eu(options.waves_per_eu, target)
     devices = parse_devices(options.devices, options.runner, target.device_uri)
-    if not options.compile_only and any(not d.runner for d in devices):
-        target.check_runs_here()  # only devices on this machine need this CPU to run the code
-        for device in devices:
-            if not device.runner:
-                LocalRunner().check_device(device.uri)  # a GPU here: before anything is built
+    if not options.compile_only:
+        check_devices_here(devices, target)  # before anything is built
     # Absolute from here on: every path derived from these reaches IREE's tools, where a
     # relative name starting with '-' would be read as an option.
     out = Path(output_dir).absolute()
@@ -253,12 +262,9 @@ def _tune(
     log = ResultsLog(results_path)
     work = out / "work"
     session = uuid.uuid4().hex[:12]
-    if options.progress is None:
-        mode = "bar" if sys.stderr.isatty() else "lines"
-    else:
-        mode = "bar" if options.progress else "off"
+    mode = progress_mode(options.progress)
     not_tuned: dict[str, str] = {}
-    prepared = prepare_dispatches(path, target, work)
+    prepared, notes = prepare_dispatches(path, target, work)
     for dispatch in prepared:
         problem = dispatch.problem
         tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
@@ -297,7 +303,8 @@ def _tune(
         warnings.simplefilter("ignore")  # corrupt lines were already reported when resuming
         records = list(read_results(results_path))
     problems = [d.problem for d in prepared]
-    result = write_outputs(records, problems, target, out, options, not_tuned=not_tuned)
+    result = write_outputs(records, problems, target, out, options, not_tuned=not_tuned,
+                           notes=notes)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)
     return result

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dispatchtune.costmodel.rank import STATIC_ORDERS
 from dispatchtune.datasets.timing import ESTIMATORS
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.measure.devices import parse_devices
+from dispatchtune.targets import Target
 
 #: `--order` choices: the static orders of `rank`, and the online search.
 TUNE_ORDERS: tuple[str, ...] = (*STATIC_ORDERS, "online")
+
+
+def check_waves_per_eu(values: Sequence[int], target: Target) -> None:
+    """Refuse `--waves-per-eu` on a target that is not an AMD GPU, naming the flag (`tune`,
+    `rank`, `candidates`): the search below it only knows its `extra_knobs` argument."""
+    if values and target.backend != "rocm":
+        raise InputError(f"--waves-per-eu is an AMD GPU hint; {target.name} is not an AMD target")
 
 
 

@@ -89,13 +89,23 @@ class DispatchSummary:
 #: (a quiet local-sync run here has a CV of 1-6%).
 NOISY_CV = 0.15
 
-_LOCATION = re.compile(r"^\S+:\d+:\d+:\s*")
+#: A diagnostic's `file:line:col: error:` prefix, at the start of a message or after a label
+#: such as "killed by SIGABRT: " (the file is the run's own benchmark.mlir: it says nothing, and
+#: its long path pushed the message itself past any width). Paths may hold spaces.
+_LOCATION = re.compile(r"(?:^|(?<=: ))[^:\n]+:\d+:\d+:\s*(?:error:\s*)?")
+#: Width of a failure reason on the console and in the summary: IREE's messages are one sentence
+#: (the longest seen, a shared-memory overflow with its limit, is about 130 characters).
+REASON_WIDTH = 200
 
 
-def _reason(message: str) -> str:
-    """An error line without its `file:line:col:` prefix, shortened, for grouping failures."""
-    text = _LOCATION.sub("", message.strip())
-    return text[:120] or "no message"
+def _reason(message: str, width: int = REASON_WIDTH) -> str:
+    """An error line without its location prefix, for grouping failures: whole when it fits in
+    `width`, else cut at the last word boundary (with "...") so no word is cut in half."""
+    text = _LOCATION.sub("", message.strip().splitlines()[0] if message.strip() else "")
+    if len(text) > width:
+        cut = text[: width - 4]
+        text = (cut.rsplit(" ", 1)[0] if " " in cut else cut).rstrip(" ;:,") + " ..."
+    return text or "no message"
 
 
 def _bracket_baselines(
@@ -494,7 +504,7 @@ def _markdown(
             for _, row in failed.head(10).iterrows():
                 out.append(
                     f"- candidate {row['candidate_id']}: {row['compile_status']}: "
-                    f"{str(row['compile_error'])[:200]}"
+                    f"{_reason(str(row['compile_error']))}"
                 )
             out.append("")
     if plot is not None:
@@ -510,10 +520,13 @@ def write_outputs(
     out: Path,
     options: ReportSettings,
     not_tuned: Mapping[str, str] | None = None,
+    notes: Sequence[str] = (),
 ) -> TuneResult:
     """Write `tuning_spec.mlir`, `summary.md`, `progress.png`; return the paths and summaries.
 
     `not_tuned` maps a problem key to why that dispatch could not be tuned; the summary says so.
+    `notes` (how the input was built, e.g. a flag the spec's users need too) follow the note on
+    the spec, in the summary and in the printed report.
     """
     from dispatchtune.measure.builder import write_spec_file
 
@@ -545,6 +558,7 @@ def write_outputs(
             "No candidate beat the compiler default: `tuning_spec.mlir` is a valid spec that keeps "
             "every default configuration."
         )
+    spec_note = " ".join([spec_note, *notes])
     plot = plot_progress(summaries, out / "progress.png")
     summary_path = out / "summary.md"
     summary_path.write_text(_markdown(summaries, target, plot, spec_note))

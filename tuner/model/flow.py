@@ -42,7 +42,12 @@ from pathlib import Path
 from dispatchtune.datasets.records import ResultRecord
 from dispatchtune.errors import InputError
 from dispatchtune.measure.builder import write_spec_file
-from dispatchtune.measure.devices import DeviceSpec, parse_devices, remote_runners
+from dispatchtune.measure.devices import (
+    DeviceSpec,
+    check_devices_here,
+    parse_devices,
+    remote_runners,
+)
 from dispatchtune.measure.runner import DispatchRow, Runner
 from dispatchtune.targets import Target, get_target
 from dispatchtune.tuner.model.options import ModelTuneOptions
@@ -77,16 +82,16 @@ def tune_model(
     target = get_target(target) if isinstance(target, str) else target
     (device,) = parse_devices([options.device] if options.device else [],
                               options.dispatch.runner, target.device_uri)
-    if not device.runner:
-        target.check_runs_here()  # a device elsewhere runs the code on its own CPU
     source = Path(path).absolute()  # absolute: no derived path can read as a tool option
     if not source.is_file():
         raise InputError(f"no such file: {source}")
+    # As `tune` does, before anything is built; there is no --compile-only to suggest here.
+    check_devices_here([device], target, suggest_compile_only=False)
     model = lower_torch_to_function(source)
     out = Path(output_dir).absolute()
     out.mkdir(parents=True, exist_ok=True)
     # A remote device is connected (runtime version and driver checked) before anything is built.
-    with remote_runners([device]) as runners:
+    with remote_runners([device], suggest_compile_only=False) as runners:
         return _tune_model(model, source, target, out, options, device, runners.get(device.name))
 
 

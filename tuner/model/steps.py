@@ -32,6 +32,7 @@ from dispatchtune.datasets.records import ResultRecord, read_results
 from dispatchtune.datasets.timing import speedup
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.ir.lowering import scan_input
+from dispatchtune.logs import progress_mode
 from dispatchtune.measure.builder import (
     check_applied,
     compile_module,
@@ -112,10 +113,7 @@ class _ModelTuner:
         self.builds: dict[str, Path] = {}
         self.problems: dict[str, Problem] = {}
         self.candidate_info: dict[tuple[str, int], str] = {}
-        if options.progress is None:
-            self.mode = "bar" if sys.stderr.isatty() else "lines"
-        else:
-            self.mode = "bar" if options.progress else "off"
+        self.mode = progress_mode(options.progress)
 
     def say(self, text: str) -> None:
         if self.mode != "off":
@@ -292,7 +290,7 @@ class _ModelTuner:
         todo = [s for s in todo if not s.skip_reason]
         if todo:
             dumped = dump_dispatch_benchmarks(self.model, self.target, self.work / "dumped")
-            files = {dispatch_index(f.name): f for f in dumped}
+            files = {dispatch_index(f.name): f for f in dumped.files}
         for position, share in enumerate(todo, start=1):
             self.say(
                 f"[{position}/{len(todo)}] tuning {share.key} ({share.share:.0%} of the model, "
