@@ -1079,7 +1079,7 @@ def enumerate_gpu(
         raise DispatchTuneError(f"IREE emits no {pipeline} constraints for this problem")
     materializer = GpuMaterializer(constraints_module(constraint_source(problem, target)[0], target),
                                    spaces)
-    tables = []
+    tables: list[pd.DataFrame] = []
     remaining = limit
     for space in chosen:
         if remaining is not None and remaining <= 0 and tables:  # limit=0: one empty table
