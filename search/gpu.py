@@ -252,9 +252,12 @@ def gpu_spaces(
                 space = _with_batch_loops(space, batch, problem.loop_sizes)
             spaces.append(_with_unit_loops(space, problem))
     if not spaces:
+        depthwise = bool(problem.kind == "convolution" and problem.loops("depth")
+                         and not problem.loops("input_channel"))
+        why = ("a depthwise convolution has no channel reduction for an MMA intrinsic" if depthwise
+               else "no MMA intrinsic fits these element types?")
         raise DispatchTuneError(
-            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
-            "(no MMA intrinsic fits these element types?)"
+            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} ({why})"
         )
     return spaces
 

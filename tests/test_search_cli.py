@@ -220,3 +220,13 @@ def test_an_op_whose_gpu_space_is_empty_is_skipped_with_the_reason() -> None:
     matmul = next(p for p in load_problems(source, gpu) if p.kind == "contraction")
     empty = enumerate_candidates(matmul, gpu, limit=0)
     assert len(rank(empty, order="model")) == 0
+
+
+def test_a_depthwise_convolution_on_a_gpu_is_refused_for_its_own_reason() -> None:
+    """IREE has no GPU constraints for depthwise convolutions (MobileNet's); the one line says
+    why instead of guessing at the element types."""
+    proc = dispatchtune("rank", str(FIXTURES / "cpu_depthwise_nhwc_f32.mlir"), "--target", "gfx942")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()[-1:]
+    assert "depthwise convolution has no channel reduction" in line
+    assert "element types" not in line
