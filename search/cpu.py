@@ -39,7 +39,8 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   multiple of the native vector (a language model's vocabulary, N = 50257 = 29 x 1733) may have
   no divisor that C2, C5 and C6 accept. Its distribution tile may then also be a power of two
   below the size, the last tile partial, as IREE's own default does (distribution 64 on N =
-  50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles).
+  50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles). The same for a regular
+  or depthwise convolution's output width and channel loops (an audio front end's 799 outputs).
 - 1-D convolutions (NWC/WCF, depthwise NWC/WC) under DoubleTilingExpert, IREE 3.13's own choice:
   the 2-D conv's knobs and constraints less the output height (C4 measured for them too).
 - Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
@@ -121,7 +122,8 @@ def cpu_model(
     """Build the Z3 model (see the module docstring for the constraints and their reasons).
 
     `workgroups` is C7's minimum (default: one per core); `partial_tiles` admits power-of-two
-    distribution tiles on contraction loops that are not a multiple of the native vector.
+    distribution tiles on contraction loops, and on a convolution's output width and channel
+    loops, that are not a multiple of the native vector.
     """
     import z3
 
@@ -149,7 +151,7 @@ def cpu_model(
         one_d = len(problem.loops("output_image")) == 1
         pipeline = "DoubleTilingExpert" if one_d else "ConvTileAndDecomposeExpert"
         loop_of, variables = _convolution(
-            z3, configured, add, acc, width, registers, cores, max_vector
+            z3, configured, add, acc, width, registers, cores, max_vector, partial_tiles
         )
     else:
         pipeline = "LinalgExtTileAndVectorize"
@@ -256,7 +258,7 @@ def _contraction(
 
 def _convolution(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
-    max_vector: int,
+    max_vector: int, partial_tiles: bool = False,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
     """1-D and 2-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW, NWC/WCF) and depthwise ones.
 
@@ -303,7 +305,13 @@ def _convolution(
         tiled = tuple(t for t in tiled if t[2] != "OH")
         doh = 1  # no output-height loop: the products below count it as one
     for size, var, name in tiled:
-        add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+        if partial_tiles and name in ("OW", "OC") and (size * acc) % width:
+            # As for contractions: bounds outside the disjunction (the engine reads them there).
+            choice = z3.Or(size % var == 0, *(var == p for p in _powers_of_two(size)))
+            add(z3.And(var >= 1, var <= size, choice),
+                f"C1 distribution tile divides {name} or is a power of two (partial)")
+        else:
+            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
     if depthwise:
@@ -567,10 +575,12 @@ def _solve_least_relaxed(
 ) -> tuple[CpuModel, Sequence[dict[str, np.ndarray]]]:
     """Solve the sane space; where it is empty, relax as little as makes it not empty.
 
-    First C7 (a workgroup per core, halved down to one), then, for contractions, partial
-    distribution tiles with C7 asking again from one per core.
+    First C7 (a workgroup per core, halved down to one), then, for contractions and regular or
+    depthwise convolutions, partial distribution tiles with C7 asking again from one per core.
     """
-    relaxations = (False, True) if problem.kind == "contraction" else (False,)
+    partial = problem.kind == "contraction" or (
+        problem.kind == "convolution" and not _grouped(problem))
+    relaxations = (False, True) if partial else (False,)
     for partial_tiles in relaxations:
         workgroups = facts.cores
         while True:

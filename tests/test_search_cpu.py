@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,6 +21,7 @@ from dispatchtune.targets import Target, get_target
 from dispatchtune.toolchain import run_tool
 
 HOST = get_target("host")
+FIXTURES = Path(__file__).parent / "fixtures"
 FACTS = HOST.cpu_facts()
 # Fixed CPUs, so that what a test expects does not depend on the machine it runs on (the space
 # follows the vector width and register count). Compiling for them works on any x86 machine.
@@ -288,3 +290,37 @@ def test_a_vocabulary_wide_contraction_admits_partial_tiles_only_when_nothing_el
     assert run_tool("iree-compile", args, input_text=source).returncode == 0
     # A size that leaves a strict space keeps dividing tiles (512: C1 as before).
     assert (512 % enumerate_candidates(Problem.matmul(512, 512, 512), AVX512).table["tile_n"] == 0).all()
+
+
+def test_an_audio_conv_with_an_odd_output_width_admits_partial_tiles(tmp_path: Path) -> None:
+    """A wav2vec-style strided 1-D convolution to 799 = 17 x 47 outputs (NCW, the contiguous loop)
+    had an empty CPU space: no divisor of 799 fills native vectors. Power-of-two distribution
+    tiles on the output width and channels, the last one partial, are admitted there as for
+    contractions; tuned as the README shows, a candidate builds and matches the default's output."""
+    import json
+    import subprocess
+    import sys
+
+    from dispatchtune.ir.frontend import load_problems
+
+    source = FIXTURES / "conv1d_ncw_799_f32.mlir"
+    (problem,) = load_problems(source, HOST)
+    facts = HOST.cpu_facts()
+    strict = cpu_search._solve(cpu_model(problem, facts, workgroups=1), None)
+    assert sum(len(c["dist_ow"]) for c in strict) == 0
+    table = enumerate_candidates(problem, HOST).table
+    assert len(table) > 0
+    ow = table["tile_ow"]
+    assert (((ow & (ow - 1)) == 0) | (799 % ow == 0)).all()
+    assert (799 % ow != 0).any()
+
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune", str(source), "--target", "host",
+         "--budget", "1", "-o", str(out), "--repetitions", "2", "--confirm-top", "0"],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    (measured,) = [r for r in records if r["kind"] == "candidate"]
+    assert 799 % measured["knobs"]["tile_ow"] != 0  # a partial last tile
+    assert measured["compile_status"] == "ok" and measured["verify_status"] == "ok"
