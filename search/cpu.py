@@ -276,9 +276,13 @@ def _convolution(
         "input_channel"
     ) == 1
     images = shape.get("output_image", 0)
+    loops = ", ".join(f"{n} {c}" for c, n in shape.items() if n)
     if shape.get("batch") != 1 or images not in (1, 2) or shape.get("filter_loop") != images:
+        # A batch-less conv has its unit batch back here unless it has no channel loops to
+        # re-expand around (one input channel, folded away, as in a waveform's first conv).
         raise UnsupportedProblem(
-            "CPU search supports 1-D and 2-D convolutions with one batch loop (not pooling or 3-D)"
+            "CPU search supports 1-D and 2-D convolutions with one batch loop and input channels "
+            f"(or depthwise); this one has {loops} loop(s)"
         )
     if problem.is_pooling:  # refused before this by `enumerate_candidates`, for every target
         raise UnsupportedProblem(
@@ -286,8 +290,8 @@ def _convolution(
         )
     if not (regular or depthwise):
         raise UnsupportedProblem(
-            "CPU search supports regular, depthwise and grouped convolutions; this one has "
-            + ", ".join(f"{len(problem.loops(c))} {c} loops" for c in problem.dims)
+            f"CPU search supports regular, depthwise and grouped convolutions; this one has {loops} "
+            "loop(s)"
         )
     channel_class = "depth" if depthwise else "output_channel"
     nb = problem.size("batch")
