@@ -51,6 +51,15 @@ HEURISTIC_FILTERS: tuple[re.Pattern[str], ...] = (
 )
 
 
+#: IREE's K-alignment assertion of a TileAndFuse set. For an implicit-GEMM convolution IREE 3.13
+#: writes it over the raw K (filter window x input channels, 27 for an RGB 3x3 stem), which no
+#: intrinsic K divides, so the set admits nothing, while IREE's own default config of the same
+#: op pads K (`padding`): dropped there (`_padded_k`), and the materializer pads as IREE does.
+K_ALIGNMENT: tuple[re.Pattern[str], ...] = (
+    re.compile(r"^aligned inner k dim \w+ must be divisible by red_\d+ \* mma_k\b"),
+)
+
+
 @dataclass(frozen=True)
 class GpuSpace:
     """One `iree_codegen.smt.constraints` op, described in plain Python."""
@@ -246,6 +255,8 @@ def gpu_spaces(
             if not heuristic_filters:
                 drop_heuristic_filters(op)
             space = _describe(index, op, roots)
+            if _padded_k(space, op):
+                space = _describe(index, op, roots)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             if batch:
@@ -410,15 +421,38 @@ def with_batch_tiles(info: Any, loops: Sequence[int]) -> Any:
 
 def drop_heuristic_filters(constraints_op: Any) -> list[str]:
     """Erase the heuristic-filter assertions of one constraints op; returns their messages."""
+    return _drop_assertions(constraints_op, HEURISTIC_FILTERS)
+
+
+def _drop_assertions(constraints_op: Any, patterns: Sequence[re.Pattern[str]]) -> list[str]:
+    """Erase the assertions of one constraints op whose message matches; returns the messages."""
     from iree.compiler import ir
 
     dropped = []
     for op in _assert_ops(constraints_op):
         message = ir.StringAttr(op.attributes["msg"]).value
-        if any(p.search(message) for p in HEURISTIC_FILTERS):
+        if any(p.search(message) for p in patterns):
             dropped.append(message)
             op.erase()
     return dropped
+
+
+def _padded_k(space: GpuSpace, constraints_op: Any) -> bool:
+    """Drop `K_ALIGNMENT` from an implicit-GEMM set whose K no intrinsic's K divides, when that
+    leaves the set empty (then every row it adds has a partial K tile, padded as IREE's own
+    default config pads it); whether it did."""
+    if not space.igemm or not space.mma_shapes:
+        return False
+    k = math.prod(space.loop_bounds[i] for i in space.classes.get("k", ()))
+    if any(k % shape[2] == 0 for shape in space.mma_shapes):
+        return False
+    if any(len(chunk[next(iter(chunk))]) for chunk in space.system().solve() if chunk):
+        return False
+    if not _drop_assertions(constraints_op, K_ALIGNMENT):
+        return False
+    logger.info("implicit-GEMM K %d is a multiple of no intrinsic K: K tiles padded, as IREE's "
+                "default config pads them", k)
+    return True
 
 
 def _entries(attr: Any) -> tuple[Entry, ...]:

@@ -534,6 +534,37 @@ def test_unaligned_igemm_convolution_candidates_are_padded_and_compile(tmp_path:
         _applies_and_compiles(problem, info, source, tmp_path / f"c{row}")
 
 
+RGB_STEM = Path(__file__).parent / "fixtures" / "conv_rgb_stem_nchw_f32.mlir"
+
+
+def test_an_rgb_stem_gets_implicit_gemm_candidates_with_k_padded(tmp_path: Path) -> None:
+    """An RGB 3x3 stem's implicit GEMM has K = 27, a multiple of no intrinsic K: IREE 3.13's
+    constraints then admit no implicit-GEMM row (their K alignment is over the raw K), while its
+    own default config of the op is an implicit GEMM with K padded. Every direct row of such a
+    strided conv crashes IREE ("missing critical dimension"), so the op had nothing that builds.
+    The K alignment is dropped for that set only; its rows have partial K tiles, are padded and
+    compile."""
+    from dispatchtune import load_problems
+
+    target = get_target("gfx942")
+    source = tmp_path / "stem.mlir"
+    source.write_text(RGB_STEM.read_text())
+    (default,) = applied_configs(source, target, None)
+    assert "use_igemm_convolution = true" in default and "padding = [" in default
+    (problem,) = load_problems(source, target)
+    cands = enumerate_candidates(problem, target)
+    t = cands.table
+    igemm = t[t["igemm"] == 1]
+    assert len(igemm) and (27 % igemm["tile_k"] != 0).all()
+    for row in (int(igemm.index[0]), int(igemm.index[-1])):
+        info = cands.compilation_info(row)
+        assert "padding = [" in info
+        _applies_and_compiles(problem, info, source, tmp_path / f"s{row}")
+    # An aligned K keeps IREE's K alignment: every K tile divides K (3x3 x 32 channels = 288).
+    aligned = enumerate_candidates(load_problems(STRIDED_CONV, target)[0], target).table
+    assert (288 % aligned.loc[aligned["igemm"] == 1, "tile_k"] == 0).all()
+
+
 def _applies_and_compiles(problem: Problem, info: str, source: Path, stem: Path) -> None:
     """A spec of one candidate is applied exactly by IREE and the source compiles with it."""
     target = get_target("gfx942")
