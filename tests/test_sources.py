@@ -156,16 +156,23 @@ def test_a_family_whose_builds_all_fail_is_asked_last(conv_gfx942: CandidateSet)
     assert first is not None and first.candidate_id == plain[0]
     asked = [first.candidate_id]
     doomed = family(first)
-    # A timeout says nothing of the family; failed builds do, DEMOTE_AFTER of them.
-    source.tell(first, None, _build(first, "timeout", conv_gfx942))
+    # A failure of the environment says nothing of the family; failed builds do, DEMOTE_AFTER
+    # of them (a timed-out one too).
+    full_disk = _build(first, "failed", conv_gfx942)
+    full_disk.compile_error = "error: No space left on device"
+    assert full_disk.may_be_transient
+    source.tell(first, None, full_disk)
     failures = 0
     while failures < DEMOTE_AFTER[-1]:
         candidate = source.ask()
         assert candidate is not None
         asked.append(candidate.candidate_id)
         if family(candidate) == doomed:
-            source.tell(candidate, None, _build(candidate, "failed", conv_gfx942))
+            status = "timeout" if failures == 0 else "failed"
+            source.tell(candidate, None, _build(candidate, status, conv_gfx942))
             failures += 1
+            if failures == 1:  # the full disk did not count
+                assert not source.demoted().any()
     assert asked == plain[: len(asked)]  # rank order until then
     later = [source.ask() for _ in range(20)]
     assert all(c is not None and family(c) != doomed for c in later)
