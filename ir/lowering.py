@@ -6,10 +6,10 @@ once with IREE's own torch input pipeline (`iree-compile --iree-input-type=torch
 result is cached under the input's content hash, so a 100 MB export is hashed in one streaming
 pass (never held in Python) and lowered by IREE only the first time it is seen.
 
-`tune-model` benchmarks the model's own function with tensor inputs, which IREE's pipeline wraps in
-its `!hal.buffer_view` ABI; `lower_torch_to_function` runs the same conversions (SDPA included,
-via IREE's torch-to-linalg-ext passes) but finishes with torch-mlir's backend type conversion, so
-the result is a plain `func.func @main(tensor...) -> tensor...`.
+`tune-model` benchmarks the model's own function with tensor inputs, which IREE's input phase wraps
+in its `!hal.buffer_view` ABI; `lower_torch_to_function` runs the same pipeline (`torch-to-iree`)
+with synchronous entry points instead, so the result is a plain `util.func public @main(tensor...)
+-> tensor...` that IREE compiles like any tensor function.
 """
 
 from __future__ import annotations
@@ -63,17 +63,11 @@ def _scan(path: Path) -> tuple[str, bool]:
     return digest.hexdigest(), is_torch
 
 
-# IREE's torch input conversions with a tensor (not buffer-view) calling convention. SDPA stays
-# whole until IREE's unstructured-to-linalg-ext pass turns it into `iree_linalg_ext.attention`.
-_FUNCTION_PIPELINE = (
-    "builtin.module("
-    "torch-function-to-torch-backend-pipeline{backend-legal-ops=aten.scaled_dot_product_attention},"
-    "func.func(torch-iree-torch-unstructured-to-linalg-ext,convert-torch-to-tmtensor,"
-    "torch-iree-tm-tensor-to-linalg-ext,convert-torch-to-tensor,convert-torch-to-linalg,"
-    "convert-torch-to-scf,convert-torch-to-arith),"
-    "torch-func-backend-type-conversion,func.func(torch-finalizing-backend-type-conversion),"
-    "canonicalize)"
-)
+# IREE's own torch input pipeline (the one `--iree-input-type=torch` runs: weights held as
+# `util.global`s, as iree-turbine writes them, are legal there; torch-mlir's backend pipeline
+# rejects them), with its lightweight synchronous entry points: a public `util.func @main` on
+# tensors, no `!hal.buffer_view` wrapping. SDPA becomes `iree_linalg_ext.attention` as in IREE.
+_FUNCTION_PIPELINE = "builtin.module(torch-to-iree{emit-async-entry-points=false})"
 
 
 def lower_if_torch(path: Path) -> Path:
@@ -82,7 +76,7 @@ def lower_if_torch(path: Path) -> Path:
 
 
 def lower_torch_to_function(path: Path) -> Path:
-    """`path` itself, or for a torch-dialect file a plain tensor `func.func` module (cached)."""
+    """`path` itself, or for a torch-dialect file a plain tensor-function module (cached)."""
     return _lower(path, "function")
 
 

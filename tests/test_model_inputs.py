@@ -153,6 +153,30 @@ def test_tune_model_takes_the_torch_export_directly(
     assert "Lowered from the torch-dialect export" in summary and "contraction_64x48x32" in summary
 
 
+def test_tune_model_takes_a_turbine_export_whose_weights_are_globals(tmp_path: Path) -> None:
+    """iree-turbine writes each weight as a `util.global` (dense_resource) that torch-mlir's
+    backend pipeline rejects ("found an op that was marked as backend illegal"), so tune-model
+    refused every real export with weights; IREE's own torch pipeline takes them. Run as the
+    README shows."""
+    import subprocess
+    import sys
+
+    source = FIXTURES / "torch_linear_globals_f32.mlir"
+    lowered = lower_torch_to_function(source)
+    text = lowered.read_text()
+    assert "!torch" not in text and "hal.buffer_view" not in text
+    entry = find_entry(lowered)
+    assert entry.name == "main" and [t.shape for t in entry.inputs] == [(8, 32)]
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune-model", str(source), "--budget", "1",
+         "--model-rounds", "1", "--final-rounds", "1", "--repetitions", "2", "-o", str(out)],
+        capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    summary = (out / "summary.md").read_text()
+    assert "contraction_8x32x32" in summary and "outputs vs default build: ok" in proc.stdout
+
+
 def test_dynamic_shapes_are_named_as_the_cause_of_an_empty_dump(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
