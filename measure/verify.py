@@ -105,7 +105,10 @@ def problem_call(problem: Problem, directory: Path, seed: int = 0) -> Call | Non
     tensors = [TensorType(s, t) for s, t in zip(shapes, problem.element_types, strict=True)]
     if numpy_dtype(problem.output_type) is None:
         return None
-    flags = write_random_inputs(tensors[:-1], directory, seed)
+    inputs = tensors[:-1]
+    if problem.mask_map:  # `main`'s last argument (`Problem.to_mlir`): without it the call fails
+        inputs.append(TensorType(problem.mask_shape, problem.mask_type))
+    flags = write_random_inputs(inputs, directory, seed)
     if flags is None:
         return None
     return Call("main", flags, (TensorType(shapes[-1], problem.output_type),))

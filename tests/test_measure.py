@@ -167,3 +167,18 @@ def test_a_malformed_model_log_record_is_skipped_not_a_traceback(tmp_path: Path)
     assert [r["kind"] for r in again.records] == ["profile", "final"]
     profile = again.find("profile")
     assert profile is not None and profile["default_build_s"] == 0.9
+
+
+def test_a_masked_attention_is_called_with_its_mask(tmp_path: Path) -> None:
+    """GPT-2's causal SDPA carries an additive f32 mask: the verification call fed Q, K and V
+    only, so `main` refused it ("expected 4 arguments but passed 3") and every candidate of a
+    masked attention went unchecked. The call now feeds the mask too, and the build runs."""
+    problem = Problem.attention(2, 16, 8, 8, 16, "f32", mask_type="f32")
+    source = tmp_path / "a.mlir"
+    source.write_text(problem.to_mlir())
+    result = compile_module(source, HOST, None, tmp_path / "a.vmfb", 120)
+    assert result.ok, result.error
+    call = problem_call(problem, tmp_path / "inputs", seed=1)
+    assert call is not None and len(call.inputs) == 4
+    run = LocalRunner().run(Artifact(tmp_path / "a.vmfb", "local-sync"), call, 60)
+    assert run.ok and run.outputs is not None and run.outputs[0].shape == (2, 16, 8)
