@@ -456,6 +456,8 @@ def test_a_run_killed_before_its_confirmation_started_confirms_on_resume(tmp_pat
     assert again.returncode == 0, again.stderr
     assert "was interrupted: redoing it" in again.stderr
     assert "confirmed in 2 round(s)" in again.stdout
+    # Why the outputs went unchecked is said where the verdict is, not only in the log.
+    assert "outputs not checked: verification disabled" in again.stdout
     after = list(read_results(results))
     assert sum(r.is_candidate for r in after) == sum(r.is_candidate for r in records)
 

@@ -391,6 +391,10 @@ def describe(summary: DispatchSummary) -> list[str]:
         f"  speedup {summary.speedup:.3f}x ({how}; repetitions {summary.speedup_low:.3f}-"
         f"{summary.speedup_high:.3f}x), verify {best['verify_status']}: {verdict}"
     )
+    unchecked = str(best.get("verify_error") or "")
+    if best["verify_status"] == "skipped" and unchecked:
+        # Otherwise only the results log says why the outputs went unchecked.
+        lines.append(f"  outputs not checked: {_reason(unchecked)}")
     lines.append(f"  config: {' '.join(str(best['compilation_info']).split())}")
     return lines
 
