@@ -263,14 +263,25 @@ def gpu_spaces(
                 space = _with_batch_loops(space, batch, problem.loop_sizes)
             spaces.append(_with_unit_loops(space, problem))
     if not spaces:
-        depthwise = bool(problem.kind == "convolution" and problem.loops("depth")
-                         and not problem.loops("input_channel"))
-        why = ("a depthwise convolution has no channel reduction for an MMA intrinsic" if depthwise
-               else "no MMA intrinsic fits these element types?")
         raise DispatchTuneError(
-            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} ({why})"
+            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
+            f"({_why_no_constraints(problem, target)})"
         )
     return spaces
+
+
+def _why_no_constraints(problem: Problem, target: Target) -> str:
+    """What keeps IREE's constraint generator from an op, as far as the op and target say."""
+    if problem.kind == "convolution" and problem.loops("depth") and not problem.loops(
+            "input_channel"):
+        return "a depthwise convolution has no channel reduction for an MMA intrinsic"
+    # An intrinsic's name ends with its operand type: MFMA_F32_16x16x16_F16 takes f16.
+    taken = {name.rsplit("_", 1)[-1].lower() for name in target.gpu_facts().mma_intrinsics}
+    if not taken & {t.lower() for t in problem.input_types}:
+        return (f"no MMA intrinsic of {target.name} takes "
+                f"{'/'.join(sorted(set(problem.input_types)))}")
+    return ("it has MMA intrinsics for these element types; IREE's constraint generator does not "
+            "cover this op's shape or layout")
 
 
 def violated_constraints(

@@ -230,3 +230,17 @@ def test_a_depthwise_convolution_on_a_gpu_is_refused_for_its_own_reason() -> Non
     (line,) = proc.stderr.strip().splitlines()[-1:]
     assert "depthwise convolution has no channel reduction" in line
     assert "element types" not in line
+
+
+def test_no_gpu_constraints_names_the_cause_the_target_supports() -> None:
+    """Where IREE emits no constraints, the reason says what the target shows: no intrinsic for
+    the element types (f32 on sm_80), or intrinsics that exist but a shape IREE's generator does
+    not cover (the hint used to blame the element types for both)."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target", "sm_80")
+    assert proc.returncode == 2 and "no MMA intrinsic of sm_80 takes f32" in proc.stderr
+    from dispatchtune.errors import DispatchTuneError
+    from dispatchtune.targets import get_target
+
+    # A 4-row matmul (a batch-4 classifier head) has f32 intrinsics on gfx942.
+    with pytest.raises(DispatchTuneError, match="does not cover this op's shape"):
+        enumerate_candidates(Problem.matmul(4, 100, 320, "f32"), get_target("gfx942"))
