@@ -75,15 +75,11 @@ class CandidateSource(Protocol):
         ...
 
 
-class StaticOrder:
-    """A benchmark order fixed up front; outcomes do not change it.
+class _InOrder:
+    """What both orders share: released candidates are asked again first; `skip` and `close`
+    have nothing to do (nothing is claimed from a shared store); `_next` gives the next one."""
 
-    Candidates are drawn lazily from `candidates` (an iterator keeps `compilation_info` from being
-    materialised before the loop reaches a candidate). A released candidate is asked again first.
-    """
-
-    def __init__(self, candidates: Iterable[Candidate], space_digest: str = "") -> None:
-        self._next: Iterator[Candidate] = iter(candidates)
+    def __init__(self, space_digest: str) -> None:
         self._released: deque[Candidate] = deque()
         self.space_digest = space_digest
         self.stop_reason = ""
@@ -96,7 +92,10 @@ class StaticOrder:
     def ask(self) -> Candidate | None:
         if self._released:
             return self._released.popleft()
-        return next(self._next, None)
+        return self._next()
+
+    def _next(self) -> Candidate | None:
+        raise NotImplementedError
 
     def tell(
         self, candidate: Candidate, time_ms: float | None, record: ResultRecord | None = None
@@ -113,6 +112,21 @@ class StaticOrder:
         pass
 
 
+class StaticOrder(_InOrder):
+    """A benchmark order fixed up front; outcomes do not change it.
+
+    Candidates are drawn lazily from `candidates` (an iterator keeps `compilation_info` from being
+    materialised before the loop reaches a candidate). A released candidate is asked again first.
+    """
+
+    def __init__(self, candidates: Iterable[Candidate], space_digest: str = "") -> None:
+        super().__init__(space_digest)
+        self._candidates: Iterator[Candidate] = iter(candidates)
+
+    def _next(self) -> Candidate | None:
+        return next(self._candidates, None)
+
+
 #: Candidate-table columns whose values name a family of configurations IREE lowers the same way:
 #: a constraint set (its pipeline and, for a convolution, direct or implicit-GEMM lowering) and,
 #: inside it, the MMA intrinsic(s). A family's candidates tend to fail to build together (IREE
@@ -127,7 +141,7 @@ FAMILY_LEVELS: tuple[tuple[str, ...], ...] = (
 DEMOTE_AFTER: tuple[int, ...] = (4, 2)
 
 
-class RankedOrder:
+class RankedOrder(_InOrder):
     """A ranking of the enumerated space, asked in rank order, except that a family of candidates
     (`FAMILY_LEVELS`) whose builds have all failed, `DEMOTE_AFTER` times or more, is asked after
     every other candidate (still in rank order; nothing is dropped, and one build of the family
@@ -140,15 +154,12 @@ class RankedOrder:
 
     def __init__(self, cset: CandidateSet, table: pd.DataFrame,
                  history: Sequence[ResultRecord] = ()) -> None:
+        super().__init__(cset.digest())
         self._cset = cset
         self._table = table.reset_index(drop=True)
         self._ids = self._table["candidate_id"].to_numpy()
         self._scores = self._table["score"].to_numpy(dtype=float)
         self._asked = np.zeros(len(self._table), dtype=bool)
-        self._released: deque[Candidate] = deque()
-        self.space_digest = cset.digest()
-        self.stop_reason = ""
-        self.recovered: Sequence[ResultRecord] = ()
         # Per level: each row's family code, the code of each family key, failures and builds.
         self._levels: list[tuple[tuple[str, ...], np.ndarray, dict[Hashable, int]]] = []
         for level in FAMILY_LEVELS:
@@ -164,10 +175,6 @@ class RankedOrder:
             if record.is_candidate and record.belongs_to(problem, target):
                 self._count(record.knobs, record)
 
-    def __iter__(self) -> Iterator[Candidate]:
-        while (candidate := self.ask()) is not None:
-            yield candidate
-
     def demoted(self) -> np.ndarray:
         """Per rank position: whether its family is asked last now."""
         out = np.zeros(len(self._table), dtype=bool)
@@ -176,9 +183,7 @@ class RankedOrder:
             out |= ((failed >= after) & (built == 0))[codes]
         return out
 
-    def ask(self) -> Candidate | None:
-        if self._released:
-            return self._released.popleft()
+    def _next(self) -> Candidate | None:
         free = ~self._asked
         if not free.any():
             return None
@@ -212,16 +217,6 @@ class RankedOrder:
             code = code_of.get(tuple(str(knobs.get(c, "")) for c in columns))
             if code is not None:
                 level_counts[code] += 1
-
-    def skip(self, candidate: Candidate) -> None:
-        pass
-
-    def release(self, candidate: Candidate) -> None:
-        self._released.append(candidate)
-
-    def close(self) -> None:
-        pass
-
 
 def ranked_order(
     cset: CandidateSet, order: str | None = None, seed: int = 0, model: CostModel | None = None,
