@@ -544,3 +544,20 @@ def test_tune_says_iree_demotes_f64_to_f32(tmp_path: Path) -> None:
     (warning,) = [line for line in proc.stderr.splitlines() if "f64" in line]
     assert "1 root op(s) compute in f64 (linalg.matmul); IREE demotes f64 to f32" in warning
     assert "f32xf32->f32" in proc.stdout
+
+
+def test_tune_checks_its_spec_against_the_whole_model(tmp_path: Path) -> None:
+    """Each configuration is checked on its dispatch's benchmark; `tune` on a model then checks
+    the written spec on the model itself, since IREE can give a dispatch another form there (a
+    silent fallback to its default). Here the spec applies (no warning); checked against another
+    model, every configuration is reported as not applied."""
+    from dispatchtune.tuner.loop import spec_configs_not_applied
+
+    model = Path(__file__).parent / "fixtures" / "mlp_two_matmuls.mlir"
+    result = tune(model, HOST, tmp_path / "run", TuneOptions(
+        budget=1, repetitions=2, confirm_top=0, min_speedup=0.5, verify=False, progress=False))
+    kept = [s.problem.key for s in result.summaries if s.in_spec]
+    assert kept  # --min-speedup 0.5 keeps whatever was measured
+    assert spec_configs_not_applied(model, HOST, result) == []
+    assert "Checked against the whole model" not in result.summary_path.read_text()
+    assert sorted(spec_configs_not_applied(FIXTURE, HOST, result)) == sorted(kept)

@@ -307,4 +307,45 @@ def _tune(
                            notes=notes)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)
+    from dispatchtune.ir.frontend import read_input
+
+    if path.is_file() and not is_dispatch_benchmark(read_input(path)):  # a model or function
+        _say_configs_the_model_ignores(path, target, result)
     return result
+
+
+def spec_configs_not_applied(model: Path, target: Target, result: TuneResult) -> list[str]:
+    """The dispatches whose spec configuration IREE does not apply when `model` itself is
+    compiled with the spec. Each configuration was checked on its dumped benchmark, but IREE can
+    give a dispatch another form inside the model (seen on gfx942: a batch matmul whose benchmark
+    has a unit K loop the model's op lacks), and then the model silently keeps the default."""
+    from dispatchtune.errors import DispatchTuneError
+    from dispatchtune.ir.lowering import lower_if_torch
+    from dispatchtune.ir.spec import applied_configs, config_applied
+
+    chosen = [(s.problem.key, str(s.best["compilation_info"]))
+              for s in result.summaries if s.in_spec and s.best]
+    if not chosen:
+        return []
+    try:
+        applied = applied_configs(lower_if_torch(model), target, result.spec_path)
+    except DispatchTuneError as exc:
+        logger.warning("could not check the spec against the whole model: %s", exc)
+        return []
+    return [key for key, info in chosen if not any(config_applied(info, a) for a in applied)]
+
+
+def _say_configs_the_model_ignores(model: Path, target: Target, result: TuneResult) -> None:
+    """Warn, and note in the summary, which spec configurations the model would not get."""
+    missing = spec_configs_not_applied(model, target, result)
+    if not missing:
+        return
+    for key in missing:
+        logger.warning("%s: its configuration applies to the dispatch's benchmark but not when %s "
+                       "is compiled with the spec (IREE gives the op another form there): the "
+                       "model keeps IREE's default for it", key[:40], model.name)
+    with result.summary_path.open("a") as summary:
+        summary.write("\n## Checked against the whole model\n\n" + "".join(
+            f"- `{key}`: the spec's configuration does not apply when `{model.name}` is compiled "
+            "with it (IREE gives the op another form inside the model than in its benchmark)\n"
+            for key in missing))
