@@ -32,7 +32,7 @@ def test_candidates_json_crosses_waves_per_eu(tmp_path: Path, capsys: pytest.Cap
 @pytest.mark.parametrize(("target", "value", "message"), [
     ("gfx942", "0,x", "expected comma-separated integers >= 0"),
     ("gfx942", "-1", "expected comma-separated integers >= 0"),
-    ("sm_86", "2", "waves_per_eu applies to AMD targets only"),
+    ("sm_86", "2", "--waves-per-eu is an AMD GPU hint; sm_86 is not an AMD target"),
 ])
 def test_bad_waves_per_eu_is_one_line_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str, value: str, message: str
