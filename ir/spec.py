@@ -449,20 +449,22 @@ def check_spec(text: str) -> None:
 
 
 def applied_configs(
-    mlir_path: str | Path, target: Target, spec_path: str | Path | None
+    mlir_path: str | Path, target: Target, spec_path: str | Path | None,
+    flags: Sequence[str] | None = None,
 ) -> list[str]:
     """The configuration IREE applies to each root op of `mlir_path` with this spec.
 
     Compiles to `executable-configurations` (about 0.3 s) and returns, per root op, a
     `#iree_codegen.compilation_info<...>` built from the op's `lowering_config` and its function's
     `translation_info`, so it compares directly with the requested one (`config_applied`).
+    `flags` replace the target's compile flags (a model that builds only with extra ones).
     """
     from iree.compiler import ir
     from iree.compiler.dialects import iree_codegen
 
     args = [
         str(mlir_path),
-        *target.compile_flags,
+        *(target.compile_flags if flags is None else flags),
         "--compile-to=executable-configurations",
         "--iree-codegen-add-tuner-attributes",
         "-o",

@@ -30,6 +30,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,20 @@ def candidate_source(
 
 
 # ---- preparing dispatches --------------------------------------------------------------------
-def prepare_dispatches(
-    path: Path, target: Target, work_dir: Path
-) -> tuple[list[PreparedDispatch], list[str]]:
+@dataclass
+class PreparedInput:
+    """What `prepare_dispatches` made of an input."""
+
+    dispatches: list[PreparedDispatch]
+    #: For the summary: how the model was built (a build the user must repeat with the flags).
+    notes: list[str] = field(default_factory=list)
+    #: A model or function: the flags that built it (None for dumped benchmarks).
+    model_flags: tuple[str, ...] | None = None
+
+
+def prepare_dispatches(path: Path, target: Target, work_dir: Path) -> PreparedInput:
     """Stripped + filled benchmark files for every distinct tunable dispatch of `path` (a model
-    or function, a dumped dispatch benchmark, or a directory of them), and notes for the summary
-    on how the model was built (a build the user must repeat with the same flags)."""
+    or function, a dumped dispatch benchmark, or a directory of them)."""
     from dispatchtune.ir.frontend import (
         dispatch_files,
         load_dispatch_files,
@@ -134,6 +143,7 @@ def prepare_dispatches(
 
     path = Path(path)
     notes: list[str] = []
+    model_flags: tuple[str, ...] | None = None
     text = "" if path.is_dir() else read_input(path)
     if path.is_dir():
         loaded = load_dispatch_files(dispatch_files(path), target, path)
@@ -143,6 +153,7 @@ def prepare_dispatches(
         warn_if_f64_demoted(text, path)
         del text  # a large export is not held through the dump
         dumped = dump_dispatch_benchmarks(path, target, work_dir / "dumped")
+        model_flags = dumped.compile_flags
         if NO_CONST_EVAL in dumped.compile_flags:
             # The spec was tuned on that build: the user's builds with the spec need the flag.
             notes.append(f"`{path.name}` fails to build with the target's flags (IREE's constant "
@@ -159,7 +170,7 @@ def prepare_dispatches(
             seen.add(problem.key)
             out = work_dir / problem.key / "benchmark.mlir"
             prepared.append(prepare_dispatch(source, problem, out))
-    return prepared, notes
+    return PreparedInput(prepared, notes, model_flags)
 
 
 LOCK_FILE = ".dispatchtune.lock"
@@ -264,7 +275,8 @@ def _tune(
     session = uuid.uuid4().hex[:12]
     mode = progress_mode(options.progress)
     not_tuned: dict[str, str] = {}
-    prepared, notes = prepare_dispatches(path, target, work)
+    prepared_input = prepare_dispatches(path, target, work)
+    prepared = prepared_input.dispatches
     for dispatch in prepared:
         problem = dispatch.problem
         tuner = DispatchTuner(dispatch, target, options, log, history, session, work / problem.key,
@@ -304,21 +316,21 @@ def _tune(
         records = list(read_results(results_path))
     problems = [d.problem for d in prepared]
     result = write_outputs(records, problems, target, out, options, not_tuned=not_tuned,
-                           notes=notes)
+                           notes=prepared_input.notes)
     if not options.keep_binaries:
         shutil.rmtree(work / "dumped", ignore_errors=True)
-    from dispatchtune.ir.frontend import read_input
-
-    if path.is_file() and not is_dispatch_benchmark(read_input(path)):  # a model or function
-        _say_configs_the_model_ignores(path, target, result)
+    if prepared_input.model_flags is not None:
+        _say_configs_the_model_ignores(path, target, result, prepared_input.model_flags)
     return result
 
 
-def spec_configs_not_applied(model: Path, target: Target, result: TuneResult) -> list[str]:
+def spec_configs_not_applied(model: Path, target: Target, result: TuneResult,
+                             flags: Sequence[str] | None = None) -> list[str]:
     """The dispatches whose spec configuration IREE does not apply when `model` itself is
     compiled with the spec. Each configuration was checked on its dumped benchmark, but IREE can
     give a dispatch another form inside the model (seen on gfx942: a batch matmul whose benchmark
-    has a unit K loop the model's op lacks), and then the model silently keeps the default."""
+    has a unit K loop the model's op lacks), and then the model silently keeps the default.
+    `flags`: those that built the model (default: the target's)."""
     from dispatchtune.errors import DispatchTuneError
     from dispatchtune.ir.lowering import lower_if_torch
     from dispatchtune.ir.spec import applied_configs, config_applied
@@ -328,16 +340,17 @@ def spec_configs_not_applied(model: Path, target: Target, result: TuneResult) ->
     if not chosen:
         return []
     try:
-        applied = applied_configs(lower_if_torch(model), target, result.spec_path)
+        applied = applied_configs(lower_if_torch(model), target, result.spec_path, flags)
     except DispatchTuneError as exc:
         logger.warning("could not check the spec against the whole model: %s", exc)
         return []
     return [key for key, info in chosen if not any(config_applied(info, a) for a in applied)]
 
 
-def _say_configs_the_model_ignores(model: Path, target: Target, result: TuneResult) -> None:
+def _say_configs_the_model_ignores(model: Path, target: Target, result: TuneResult,
+                                   flags: Sequence[str]) -> None:
     """Warn, and note in the summary, which spec configurations the model would not get."""
-    missing = spec_configs_not_applied(model, target, result)
+    missing = spec_configs_not_applied(model, target, result, flags)
     if not missing:
         return
     for key in missing:
