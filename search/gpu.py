@@ -91,6 +91,9 @@ class GpuSpace:
     #: Implicit-GEMM convolutions: per loop of the convolution, the implicit-GEMM loop it maps
     #: to if it is a parallel loop, else -1 (where IREE's `padding_conv` repeats `padding`).
     conv_loops: tuple[int, ...] = ()
+    #: IREE's `K_ALIGNMENT` assertion was dropped from this set (`_padded_k`): its K tiles may be
+    #: partial and are padded.
+    padded_k: bool = False
     #: Loops of the problem that IREE's constraints do not cover (batch loops of a contraction
     #: whose constraints come from its batch-less equivalent): workgroup tile 1, not reduced.
     batch_loops: tuple[int, ...] = ()
@@ -256,7 +259,7 @@ def gpu_spaces(
                 drop_heuristic_filters(op)
             space = _describe(index, op, roots)
             if _padded_k(space, op):
-                space = _describe(index, op, roots)
+                space = dataclasses.replace(_describe(index, op, roots), padded_k=True)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             if batch:
@@ -307,6 +310,8 @@ def violated_constraints(
         op = _constraint_ops(module)[space.index]
         if not heuristic_filters:
             drop_heuristic_filters(op)
+        if space.padded_k:  # the space's own rows have partial, padded K tiles
+            _drop_assertions(op, K_ALIGNMENT)
         messages = [ir.StringAttr(a.attributes["msg"]).value for a in _assert_ops(op)]
 
         def converted(keep: int | None) -> str:

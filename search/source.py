@@ -218,6 +218,7 @@ class RankedOrder(_InOrder):
             if code is not None:
                 level_counts[code] += 1
 
+
 def ranked_order(
     cset: CandidateSet, order: str | None = None, seed: int = 0, model: CostModel | None = None,
     history: Sequence[ResultRecord] = (),

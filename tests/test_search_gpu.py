@@ -556,6 +556,12 @@ def test_an_rgb_stem_gets_implicit_gemm_candidates_with_k_padded(tmp_path: Path)
     t = cands.table
     igemm = t[t["igemm"] == 1]
     assert len(igemm) and (27 % igemm["tile_k"] != 0).all()
+    # The set's own rows violate none of its (kept) assertions.
+    space = next(s for s in gpu_spaces(problem, target) if s.igemm)
+    assert space.padded_k
+    own = enumerate_space(space).iloc[0]
+    values = {k: int(own[f"knob_{k}"]) for k in space.knobs}
+    assert violated_constraints(problem, target, space, values) == []
     for row in (int(igemm.index[0]), int(igemm.index[-1])):
         info = cands.compilation_info(row)
         assert "padding = [" in info

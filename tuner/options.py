@@ -22,7 +22,6 @@ def check_waves_per_eu(values: Sequence[int], target: Target) -> None:
         raise InputError(f"--waves-per-eu is an AMD GPU hint; {target.name} is not an AMD target")
 
 
-
 @dataclass
 class TuneOptions:
     """Knobs of the loop (the CLI flags of `dispatchtune tune`)."""
