@@ -40,6 +40,12 @@ BASIS_FEATURES: tuple[str, ...] = (
     "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
     "mma_n", "mma_area_to_volume",
 )
+#: Ratios of two features that enter the basis like `BASIS_FEATURES` (log2 and its square):
+#: `mma_tiles_m`, the intrinsic tiles one subgroup holds along M (per-subgroup M tile / intrinsic
+#: M). Each is a difference of two log columns already in the basis, but a linear score cannot
+#: express a preference for a value of the difference (its square) from their squares alone;
+#: held out it helps contractions (docs/gpu_order.md, part 11).
+DERIVED_FEATURES: dict[str, tuple[str, str]] = {"mma_tiles_m": ("vec_m", "mma_m")}
 #: Label of a positive (expert) row, a weak positive (IREE default) row; other rows are 0.
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 
@@ -54,18 +60,23 @@ TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout")
 
 def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
           kind_terms: bool = False) -> np.ndarray:
-    """Rows x basis columns: log2 of each feature (floored at 2^-10), its square / 10, the
-    heuristic's term scores, VectorDistribute (1/0) and the `TABLE_COLUMNS` of the candidate
+    """Rows x basis columns: log2 of each feature and `DERIVED_FEATURES` ratio (floored at
+    2^-10), its square / 10, the heuristic's term scores, VectorDistribute (1/0) and the
+    `TABLE_COLUMNS` of the candidate
     `table` (the same rows; without it those columns are 0); standardised over the rows given
     (one candidate set). `kind_terms`: the same columns again, times 1 on attention rows (else
     0), so attention gets its own weights on top of the shared ones (one candidate set is one
     op, so the flag is constant within it and comparisons stay within a kind)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
-    missing = [name for name in BASIS_FEATURES if name not in features.columns]
+    needed = [*BASIS_FEATURES, *(n for pair in DERIVED_FEATURES.values() for n in pair)]
+    missing = [name for name in needed if name not in features.columns]
     if missing:
         raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
-    x = np.log2(np.maximum(features[list(BASIS_FEATURES)].to_numpy(np.float64), 2.0**-10))
+    values = features[list(BASIS_FEATURES)].to_numpy(np.float64)
+    ratios = [features[a].to_numpy(np.float64) / np.maximum(features[b].to_numpy(np.float64), 1e-9)
+              for a, b in DERIVED_FEATURES.values()]
+    x = np.log2(np.maximum(np.column_stack([values, *ratios]), 2.0**-10))
     terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
     own = np.zeros((len(x), 1 + len(TABLE_COLUMNS)))
     if table is not None:
@@ -95,7 +106,8 @@ def basis_names(kind_terms: bool = False) -> list[str]:
     # The heuristic's GPU terms: those it computes for a one-row GPU feature table.
     probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
     terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
-    names = ([f"log2_{n}" for n in BASIS_FEATURES] + [f"log2_{n}_sq" for n in BASIS_FEATURES]
+    logged = [*BASIS_FEATURES, *DERIVED_FEATURES]
+    names = ([f"log2_{n}" for n in logged] + [f"log2_{n}_sq" for n in logged]
              + terms + ["vector_distribute", *TABLE_COLUMNS])
     return names + [f"attention_{n}" for n in names] if kind_terms else names
 
