@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 def default_model_path(target_name: str) -> Path | None:
     """The installed default model file of a target, if one ships.
 
-    A GPU target named by product (`mi300x`) uses its architecture's model (`gfx942.json`). A
+    A GPU target named by product (`mi300x`, `rocm:mi308x`) uses its architecture's model
+    (`gfx942.json`); the architecture of a product name comes from IREE's target table. A
     named llvm-cpu target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs
     whose features already carry the vector width and registers of the CPU they ran on.
     """
@@ -30,6 +31,7 @@ def default_model_path(target_name: str) -> Path | None:
     from dispatchtune.targets import get_target
 
     names = [target_name]
+    target = None
     if target_name.startswith("llvm-cpu:"):
         names.append("host")
     else:
@@ -41,6 +43,15 @@ def default_model_path(target_name: str) -> Path | None:
             names.append(target.arch)
     for name in names:
         path = MODELS_DIR / f"{name}.json"
+        if path.is_file():
+            return path
+    if target is not None and target.is_gpu:
+        # A product name (`rocm:mi308x`): IREE knows its architecture (one cached probe).
+        try:
+            arch = target.gpu_facts().arch
+        except TargetError:
+            return None
+        path = MODELS_DIR / f"{arch}.json"
         if path.is_file():
             return path
     return None

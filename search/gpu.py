@@ -793,6 +793,10 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
         )
         # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
         extra["tile_v"] = _attention_value_tile(space, value, rows)
+        # Workgroups that split the value head dim each compute the same Q x K^T block and its
+        # softmax again: that work is done this many times over.
+        head = math.prod(bounds[i] for i in space.classes["n"])
+        extra["qk_recompute"] = -(-head // np.maximum(extra["tile_v"], 1))
         pv_idx = value(space.pv_knob) if space.pv_knob in cols else np.zeros(rows, np.int64)
         extra["pv_intrinsic"] = option(space.pv_intrinsics, pv_idx, "", object)
         relayout = np.array(space.p_relayout or [[1]], dtype=np.int64)

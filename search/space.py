@@ -43,6 +43,8 @@ GPU-only columns (absent from CPU tables; `search.gpu.gpu_columns`)
     pv_intrinsic (str)    attention: the P x V intrinsic (`intrinsic` is the Q x K^T one).
     p_relayout (int)      attention: 1 when P, the Q x K^T result, must change layout across
                           lanes before P x V reads it; 0 when it stays in registers as it is.
+    qk_recompute (int)    attention: ceil(value head dim / tile_v), how many workgroups compute
+                          the same Q x K^T block and softmax (one per slice of the value head).
 
 Raw knobs (int)
     knob_<name>           GPU: IREE's knob values exactly as its constraints name them (`wg_0`,

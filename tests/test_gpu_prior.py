@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dispatchtune.costmodel.defaults import default_model_path, model_for_target
+from dispatchtune.costmodel.defaults import default_model_path, default_order, model_for_target
 from dispatchtune.costmodel.modelfile import load_cost_model, load_model, save_model
 from dispatchtune.costmodel.pairwise import POSITIVE, PairwiseModel, basis, basis_names
 from dispatchtune.costmodel.rank import rank
@@ -80,6 +80,15 @@ def test_model_file_round_trip_and_refusals(tmp_path: Path) -> None:
         with pytest.raises(InputError, match=message):
             load_cost_model(target)
     assert document["model_type"] == "pairwise"
+
+
+@pytest.mark.parametrize("product", ["mi300x", "rocm:mi308x", "rocm:mi300a"])
+def test_gfx942_products_use_the_gfx942_prior(product: str) -> None:
+    # Product names IREE maps to gfx942 (MI308X: 80 CUs, MI300A: 228) rank with its model, not
+    # the heuristic; an architecture without a model keeps the heuristic.
+    assert default_model_path(product) == default_model_path("gfx942")
+    assert default_order(product) == "model"
+    assert default_model_path("rocm:gfx90a") is None
 
 
 def test_shipped_gfx942_prior_is_the_default_and_finds_an_expert() -> None:
