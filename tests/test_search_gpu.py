@@ -293,6 +293,8 @@ def test_oriented_attention_intrinsics_store_the_output_in_vectors(tmp_path: Pat
     (problem,) = load_problems(source, target)
     cands = enumerate_candidates(problem, target, heuristic_filters=False)
     t = cands.table
+    # The value head dim is 64: a workgroup tile of tile_v computes Q x K^T 64 / tile_v times.
+    assert (t["qk_recompute"] == -(-64 // t["tile_v"])).all() and t["qk_recompute"].max() > 1
     row = int(t.index[(t["tile_m"] == 128) & (t["tile_n"] == 64) & (t["p_relayout"] == 0)
                       & (t["intrinsic"] == "VMFMA_F32_32x32x16_F16")][0])
     oriented = cands.compilation_info(row)
