@@ -33,39 +33,60 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     gemm_classes,
     load_spec_dir,
+    named_product,
 )
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
 from dispatchtune.search.gpu import GpuSpace, gpu_spaces, violated_constraints
-from dispatchtune.targets import get_target
+from dispatchtune.targets import Target, get_target
 
 TARGET = "gfx942"
+#: Bump when enumeration adds candidate-table columns: `candidate_table`'s cache is keyed by it.
+TABLE_VERSION = 2
 #: Attributes checked in this order when an expert configuration is not in the space.
 MATCH_COLUMNS = (
     "pipeline", "intrinsic", "tile_b", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n",
     "workgroup_threads",
 )
-Scorer = Callable[[Problem, pd.DataFrame], np.ndarray]
+#: Scores one candidate table; the target is the chip the expert tuned for (its features).
+Scorer = Callable[[Problem, pd.DataFrame, Target], np.ndarray]
 
 
-def heuristic_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+def feature_target(file: str) -> Target:
+    """The target whose features describe a spec file's experts: the gfx942 product its name
+    states (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else gfx942. Enumeration
+    stays on gfx942: products of one architecture share IREE's space."""
+    from dispatchtune.errors import TargetError
+
+    product = named_product(file)
+    if product is not None:
+        try:
+            target = get_target(product)
+            if target.gpu_facts().arch == TARGET:
+                return target
+        except TargetError:
+            pass  # a name IREE does not know: the architecture's flagship
+    return get_target(TARGET)
+
+
+def heuristic_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
     from dispatchtune.costmodel.heuristic import HeuristicModel
     from dispatchtune.features import extract_features
 
-    return HeuristicModel().predict(extract_features(problem, get_target(TARGET), table))
+    return HeuristicModel().predict(extract_features(problem, target, table))
 
 
-def random_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+def random_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
     return np.zeros(len(table))  # all tied: the expected position is (N + 1) / 2
 
 
-def model_scores(problem: Problem, table: pd.DataFrame) -> np.ndarray:
+def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
     """The installed gfx942 default model (the pairwise prior: trained on these very files)."""
     from dispatchtune.costmodel.defaults import model_for_target
     from dispatchtune.features import extract_features
 
-    model = model_for_target(TARGET)[0]
-    features = extract_features(problem, get_target(TARGET), table)
+    model = model_for_target(target.name)[0]
+    features = extract_features(problem, target, table)
     return np.asarray(model.predict_candidates(features, table))
 
 
@@ -80,7 +101,9 @@ def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = Tru
     the `amdgpu-waves-per-eu` knob crossed in when `waves_per_eu` lists values."""
     from dispatchtune.search import enumerate_candidates
 
-    path = cache / f"{problem.key}{'' if heuristic_filters else '.whole'}.pkl"
+    # The version names the table's columns: a table cached before a column was added is rebuilt.
+    name = f"{problem.key}{'' if heuristic_filters else '.whole'}.v{TABLE_VERSION}.pkl"
+    path = cache / name
     if path.exists():
         with path.open("rb") as f:
             table: pd.DataFrame = pickle.load(f)  # our own cache, written below
@@ -251,6 +274,8 @@ def measure(
             continue
         mask, excluded_by = expert_mask(table, expert)
         row["n"] = len(table)
+        target = feature_target(entry.file)
+        row["features_for"] = target.name
         if not mask.any():
             rows.append({**row, "status": "not in space", "excluded_by": excluded_by,
                          "iree_constraints": iree_exclusion(problem, entry.config,
@@ -258,7 +283,7 @@ def measure(
             continue
         row["status"] = "in space"
         for order in orders:
-            scores = SCORERS[order](problem, table)
+            scores = SCORERS[order](problem, table, target)
             position = expected_position(scores, mask)
             row[f"{order}_position"] = position
             row[f"{order}_fraction"] = position / len(table)

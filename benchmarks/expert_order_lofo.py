@@ -34,6 +34,7 @@ from benchmarks.expert_order import (
     candidate_table,
     expected_position,
     expert_mask,
+    feature_target,
     markdown,
 )
 from dispatchtune.costmodel.heuristic import HeuristicModel, _log
@@ -59,7 +60,6 @@ Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray]
 def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Expert]:
     """(file, kind, candidate table, features, expert mask, IREE-default mask) of every expert
     inside its space."""
-    target = get_target(TARGET)
     out: list[Expert] = []
     for entry in load_spec_dir(specs):
         if entry.problem is None or entry.config is None:
@@ -70,7 +70,7 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
             continue
         mask, _ = expert_mask(table, expert_columns(entry))
         if mask.any():
-            features = extract_features(entry.problem, target, table)
+            features = extract_features(entry.problem, feature_target(entry.file), table)
             default = default_mask(entry.problem, table, cache)
             out.append((entry.file, entry.problem.kind, table, features, mask, default))
     return out

@@ -4,8 +4,8 @@ Ground truth for GPU orders here is not timings but choices: an expert shipped o
 of a dispatch, so it ranks above the other candidates of that dispatch (IREE's own default is a
 weaker positive). The model is logistic regression on feature differences of such pairs, so
 `predict` is a plain linear score on a fixed basis: log2 of a few GPU features, their squares, the
-handwritten heuristic's term scores, whether the row is a VectorDistribute one and two columns of
-IREE's intrinsic layouts (`TABLE_COLUMNS`), each standardised within the candidate set being
+handwritten heuristic's term scores, whether the row is a VectorDistribute one and a few
+candidate-table columns (`TABLE_COLUMNS`), each standardised within the candidate set being
 ranked (one call = one dispatch's candidates; the scale of a feature differs a lot between
 dispatches, its rank within one does not). The pipeline and the layout columns are not features
 (the feature schema is shared with the CPU models), so they come from the candidate table:
@@ -53,9 +53,11 @@ POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 #: Candidate-table columns the basis takes as they are (they are not features: the feature
 #: schema is shared with the CPU models): the intrinsic's contiguous operand bits and, for
 #: attention, whether P changes layout between its two matmuls (both from IREE's intrinsic
-#: layouts; held out they order attention's intrinsic pairs: docs/gpu_order.md, part 10). A table
-#: without a column (CPU, older enumerations) gives 0, which standardises away.
-TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout")
+#: layouts; held out they order attention's intrinsic pairs: docs/gpu_order.md, part 10) and how
+#: many workgroups recompute one Q x K^T block because they split the value head dim
+#: (`qk_recompute`, part 12). A table without a column (CPU, contractions, older enumerations)
+#: gives 0, which standardises away.
+TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute")
 
 
 def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,

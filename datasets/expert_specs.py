@@ -962,6 +962,20 @@ def _reason(exc: BaseException) -> str:
     return (prefix + text)[:160]
 
 
+#: An AMD Instinct product in a spec file's name (`..._mi308.mlir`, `mi300x_...`): digits, then
+#: an optional variant letter, not inside a longer word.
+_PRODUCT_IN_NAME = re.compile(r"(?<![a-z0-9])mi(\d{3})([a-z]?)(?![a-z0-9])")
+
+
+def named_product(file: str) -> str | None:
+    """The GPU product a spec file's name says it was tuned for, as an IREE target name
+    (`iree_testsuite_unet_fp16_mi308.mlir` -> `rocm:mi308x`; no variant letter means the X
+    part), or None. Products of one architecture share its space but not its CU count, which
+    the features that count waves per CU need."""
+    found = _PRODUCT_IN_NAME.search(Path(file).stem.lower().replace("-", "_"))
+    return f"rocm:mi{found[1]}{found[2] or 'x'}" if found else None
+
+
 def load_spec_file(path: str | Path) -> list[ExpertEntry]:
     """Every matcher of one spec file, in file order: an entry with its configuration, or one
     saying why it was skipped. Only an unreadable file raises (`InputError`)."""

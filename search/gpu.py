@@ -788,15 +788,9 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
 
     extra: dict[str, np.ndarray] = {}
     if space.kind == "attention":
-        tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups = (
-            _attention_tiles(space, value, rows)
-        )
-        # The value head dim (N of P x V) tile: the output and V tiles, not in the GEMM view.
-        extra["tile_v"] = _attention_value_tile(space, value, rows)
-        # Workgroups that split the value head dim each compute the same Q x K^T block and its
-        # softmax again: that work is done this many times over.
-        head = math.prod(bounds[i] for i in space.classes["n"])
-        extra["qk_recompute"] = -(-head // np.maximum(extra["tile_v"], 1))
+        gemm_view, value_head = _attention_tiles(space, value, rows)
+        tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups = gemm_view
+        extra.update(value_head)
         pv_idx = value(space.pv_knob) if space.pv_knob in cols else np.zeros(rows, np.int64)
         extra["pv_intrinsic"] = option(space.pv_intrinsics, pv_idx, "", object)
         relayout = np.array(space.p_relayout or [[1]], dtype=np.int64)
@@ -855,8 +849,11 @@ def gpu_columns(space: GpuSpace, cols: Mapping[str, np.ndarray]) -> pd.DataFrame
     return finish_table(columns, rows)
 
 
-def _attention_tiles(space: GpuSpace, value: Any, rows: int) -> tuple[np.ndarray, ...]:
-    """Tiles of an attention row in its Q x K^T GEMM view (M = m, N = K2, K = K1, as the features).
+def _attention_tiles(
+    space: GpuSpace, value: Any, rows: int
+) -> tuple[tuple[np.ndarray, ...], dict[str, np.ndarray]]:
+    """Tiles of an attention row in its Q x K^T GEMM view (M = m, N = K2, K = K1, as the features),
+    and the value head dim columns outside that view (`tile_v`, `qk_recompute`).
 
     A workgroup owns `m_tile` query rows and `n_tile` value columns; each reduction step reads a
     K2 block of `red_k2` keys (the Q x K^T tile's N) against all of K1 (never tiled). Workgroups
@@ -882,20 +879,14 @@ def _attention_tiles(space: GpuSpace, value: Any, rows: int) -> tuple[np.ndarray
     sub_m = value(counts.get("m", 1))
     sub_n = value(counts.get("n", 1))
     size = {c: math.prod(bounds[i] for i in classes[c]) for c in ("b", "m", "n")}
-    workgroups = (
-        -(-size["b"] // tile_b) * -(-size["m"] // tile_m) * -(-size["n"] // tile_v)
-    )
+    # Workgroups that split the value head dim each compute the same Q x K^T block and its
+    # softmax again: that work is done this many times over.
+    qk_recompute = -(-size["n"] // np.maximum(tile_v, 1))
+    workgroups = -(-size["b"] // tile_b) * -(-size["m"] // tile_m) * qk_recompute
     vec_m = tile_m // np.maximum(sub_m, 1)
     vec_n = tile_n // np.maximum(sub_n, 1)
-    return tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups
-
-
-def _attention_value_tile(space: GpuSpace, value: Any, rows: int) -> np.ndarray:
-    out = np.ones(rows, dtype=np.int64)
-    for loop in space.classes["n"]:
-        size = value(space.workgroup[loop])
-        out *= np.where(size == 0, space.loop_bounds[loop], size)
-    return out
+    gemm_view = (tile_b, tile_m, tile_n, tile_k, vec_m, vec_n, sub_m, sub_n, workgroups)
+    return gemm_view, {"tile_v": tile_v, "qk_recompute": qk_recompute}
 
 
 def _subgroup_tile(

@@ -12,9 +12,11 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     load_spec_dir,
     load_spec_file,
+    named_product,
 )
 from dispatchtune.errors import InputError
 from dispatchtune.problem import Problem
+from dispatchtune.targets import get_target
 
 FIXTURES = Path(__file__).parent / "fixtures" / "expert_specs"
 
@@ -127,7 +129,8 @@ def test_expert_configurations_are_found_in_the_real_space(tmp_path: Path) -> No
         table = enumerate_candidates(entry.problem, "gfx942").table
         mask, why = expert_mask(table, expert_columns(entry))
         assert mask.any(), why
-        position = expected_position(heuristic_scores(entry.problem, table), mask)
+        position = expected_position(heuristic_scores(entry.problem, table, get_target("gfx942")),
+                                     mask)
         assert 1 <= position <= len(table)
 
 
@@ -275,3 +278,26 @@ def test_a_shape_free_attention_matcher_keeps_its_own_layout() -> None:
     assert first is not None
     assert first.operand_shapes[2] == (2, 10, 4096, 64)  # V as the matcher lays it out
     assert expert_columns(entries[0])["tile_m"] == 128
+
+
+@pytest.mark.parametrize(("file", "product"), [
+    ("iree_testsuite_unet_fp16_mi308.mlir", "rocm:mi308x"),
+    ("attention_and_matmul_spec_MI300A.mlir", "rocm:mi300a"),
+    ("punet-int8-mi325x.mlir", "rocm:mi325x"),
+    ("sdxl_scripts_fp16_2024.mlir", None),
+    ("semi3000.mlir", None),
+])
+def test_the_product_a_spec_file_names(file: str, product: str | None) -> None:
+    assert named_product(file) == product
+
+
+def test_experts_of_a_named_product_are_featurised_with_its_compute_units() -> None:
+    """An MI308X file's experts see 80 CUs (IREE's table), the others gfx942's 304."""
+    from dispatchtune.benchmarks.expert_order import feature_target
+
+    mi308 = feature_target("iree_testsuite_unet_fp16_mi308.mlir")
+    assert mi308.name == "rocm:mi308x" and mi308.gpu_facts().compute_units == 80
+    plain = feature_target("sdxl_scripts_int8_2024.mlir")
+    assert plain.name == "gfx942" and plain.gpu_facts().compute_units == 304
+    # A product IREE does not know, or of another architecture, falls back to gfx942.
+    assert feature_target("spec_mi250.mlir").name == "gfx942"
