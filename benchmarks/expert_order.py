@@ -33,6 +33,7 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     gemm_classes,
     load_spec_dir,
+    named_partitions,
     named_product,
 )
 from dispatchtune.errors import DispatchTuneError
@@ -54,19 +55,31 @@ Scorer = Callable[[Problem, pd.DataFrame, Target], np.ndarray]
 
 def feature_target(file: str) -> Target:
     """The target whose features describe a spec file's experts: the gfx942 product its name
-    states (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else gfx942. Enumeration
-    stays on gfx942: products of one architecture share IREE's space."""
+    states (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else gfx942, with its CUs
+    split when the name states a compute-partition mode (`_qpx`: a quarter). Enumeration stays
+    on gfx942: products and partitions of one architecture share IREE's space."""
+    import dataclasses
+
     from dispatchtune.errors import TargetError
 
+    target = get_target(TARGET)
     product = named_product(file)
     if product is not None:
         try:
-            target = get_target(product)
-            if target.gpu_facts().arch == TARGET:
-                return target
+            named = get_target(product)
+            if named.gpu_facts().arch == TARGET:
+                target = named
         except TargetError:
             pass  # a name IREE does not know: the architecture's flagship
-    return get_target(TARGET)
+    partitions = named_partitions(file)
+    if partitions == 1:
+        return target
+    # One partition is a gfx942 of that many CUs (the arch name gives IREE no CU count of its
+    # own, so the fallback is the count).
+    compute_units = max(target.gpu_facts().compute_units // partitions, 1)
+    return dataclasses.replace(
+        get_target(TARGET), compute_units_fallback=compute_units,
+        description=f"{target.name}, 1 of {partitions} compute partitions ({compute_units} CUs)")
 
 
 def heuristic_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
@@ -85,7 +98,7 @@ def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.nd
     from dispatchtune.costmodel.defaults import model_for_target
     from dispatchtune.features import extract_features
 
-    model = model_for_target(target.name)[0]
+    model = model_for_target(TARGET)[0]
     features = extract_features(problem, target, table)
     return np.asarray(model.predict_candidates(features, table))
 
@@ -275,7 +288,7 @@ def measure(
         mask, excluded_by = expert_mask(table, expert)
         row["n"] = len(table)
         target = feature_target(entry.file)
-        row["features_for"] = target.name
+        row["features_for"] = f"{target.name} ({target.gpu_facts().compute_units} CUs)"
         if not mask.any():
             rows.append({**row, "status": "not in space", "excluded_by": excluded_by,
                          "iree_constraints": iree_exclusion(problem, entry.config,

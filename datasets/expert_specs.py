@@ -605,7 +605,7 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
         config = iree_gpu.LoweringConfigAttr(info.lowering_config)
         workgroup = tuple(int(v) for v in config.workgroup_tile_sizes)
         reduction = tuple(int(v) for v in config.reduction_tile_sizes)
-        parts = ir.DictAttr(ir.Attribute.parse(decomposition))
+        parts = ir.DictAttr(ir.Attribute.parse(modernise(decomposition)[0]))
         qk = iree_gpu.LoweringConfigAttr(parts["qk_attrs"]["lowering_config"])
         pv = iree_gpu.LoweringConfigAttr(parts["pv_attrs"]["lowering_config"])
         intrinsic = re.sub(r".*<(\w+).*", r"\1", str(qk.mma_kind))
@@ -615,9 +615,8 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
         m_loop, n_loop = problem.loops("m")[-1], problem.loops("n")[-1]
         qk_loops = [i for i in range(len(problem.loop_sizes)) if i not in problem.loops("n")]
         pv_loops = [i for i in range(len(problem.loop_sizes)) if i not in problem.loops("k1")]
-        qk_counts, qk_map = ([int(v) for v in row] for row in qk.subgroup_basis)
-        pv_counts, pv_map = ([int(v) for v in row] for row in pv.subgroup_basis)
-        counts = (qk_counts[qk_map[qk_loops.index(m_loop)]], pv_counts[pv_map[pv_loops.index(n_loop)]])
+        counts = (_attention_subgroups(qk, qk_loops, m_loop, "subgroup_m_count"),
+                  _attention_subgroups(pv, pv_loops, n_loop, "subgroup_n_count"))
         translation = info.translation_info
         pipeline = re.sub(r".*<(\w+)>.*", r"\1", str(translation.pass_pipeline))
         wg_size = tuple(int(v) for v in translation.workgroup_size)
@@ -628,6 +627,18 @@ def _parse_attention(text: str, decomposition: str, problem: Problem) -> ExpertC
         mma_shape=_mma_shape(intrinsic), subgroup_counts=counts, workgroup_size=wg_size,
         subgroup_size=sg_size, waves_per_eu=waves, pv_intrinsic=pv_intrinsic,
     )
+
+
+def _attention_subgroups(config: Any, loops: list[int], loop: int, count_name: str) -> int:
+    """Subgroups one attention matmul's config puts along `loop`: from its subgroup basis, or
+    from its (M or N) subgroup count in early-2025 decomposition configs."""
+    from iree.compiler import ir
+
+    if not config.subgroup_basis or not config.subgroup_basis[0]:
+        attrs = config.attributes
+        return int(ir.IntegerAttr(attrs[count_name]).value) if count_name in attrs else 1
+    counts, mapping = ([int(v) for v in row] for row in config.subgroup_basis)
+    return counts[mapping[loops.index(loop)]]
 
 
 def _attention_entries(file: str, name: str, body: str, config_text: str) -> list[ExpertEntry]:
@@ -693,6 +704,8 @@ def modernise(text: str) -> tuple[str, dict[str, int | str]]:
     text = re.sub(r"translation_info\s*=\s*<", "translation_info = #iree_codegen.translation_info<",
                   text)
     text = _OLD_PIPELINE.sub(pipeline, text)
+    # Early-2025 virtual intrinsics name their parameter: `virtual_mma_layout<intrinsic = V...>`.
+    text = re.sub(r"virtual_mma_layout<\s*intrinsic\s*=\s*", "virtual_mma_layout<", text)
     text = re.sub(r"mma_layout<(\w+)", lambda m: f"mma_layout<{current_intrinsic(m.group(1))}", text)
     # IREE 3.13 spells shared-memory prefetching as a stage count.
     text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")
@@ -976,6 +989,17 @@ def named_product(file: str) -> str | None:
     return f"rocm:mi{found[1]}{found[2] or 'x'}" if found else None
 
 
+#: AMD Instinct compute-partition modes: how many GPUs one device is split into (its XCDs shared
+#: evenly), so a spec tuned in QPX mode saw a quarter of the product's CUs.
+PARTITION_MODES = {"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8}
+
+
+def named_partitions(file: str) -> int:
+    """The compute-partition count a spec file's name states (`..._mi300_qpx.mlir` -> 4), else 1."""
+    words = re.split(r"[^a-z0-9]+", Path(file).stem.lower())
+    return next((PARTITION_MODES[w] for w in words if w in PARTITION_MODES), 1)
+
+
 def load_spec_file(path: str | Path) -> list[ExpertEntry]:
     """Every matcher of one spec file, in file order: an entry with its configuration, or one
     saying why it was skipped. Only an unreadable file raises (`InputError`)."""
@@ -996,23 +1020,45 @@ def load_spec_file(path: str | Path) -> list[ExpertEntry]:
             entries += _sequence_entries(path.name, name, body, helpers)
         except Exception as exc:  # a hostile file: whatever breaks, this matcher alone is skipped
             entries.append(ExpertEntry(path.name, name, skipped=f"unreadable matcher: {_reason(exc)}"))
-    return _without_repeats(entries)
+    return _without_repeats(entries, _application_order(text))
 
 
-def _without_repeats(entries: list[ExpertEntry]) -> list[ExpertEntry]:
-    """One entry per (dispatch, configuration) of a file: a file may match one op twice (e.g.
-    attention and its online form, as dispatchtune's own specs do); later matchers are skipped."""
-    seen: set[tuple[str, ExpertConfig]] = set()
+def _application_order(text: str) -> dict[str, int]:
+    """Position of each matcher in the file's `foreach_match` lists (`@match -> @apply`): IREE
+    gives a dispatch the configuration of the first matcher that matches it."""
+    order: dict[str, int] = {}
+    for name in re.findall(r"@([\w.$-]+)\s*->\s*@[\w.$-]+", text):
+        order.setdefault(name, len(order))
+    return order
+
+
+def _without_repeats(entries: list[ExpertEntry], order: Mapping[str, int]) -> list[ExpertEntry]:
+    """One entry per dispatch of a file: the matcher IREE applies to it, the first in `order`
+    (then file order). A file may match one op twice: with one configuration (attention in both
+    forms, as dispatchtune's own specs do) or with two (a general matcher after specific ones);
+    the other matchers are skipped, saying which one wins."""
+    def rank(item: tuple[int, ExpertEntry]) -> tuple[int, int]:
+        return order.get(item[1].matcher.split("[", 1)[0], len(order)), item[0]
+
+    applied: dict[str, ExpertEntry] = {}
+    for _, entry in sorted(enumerate(entries), key=rank):
+        if entry.problem is not None and entry.config is not None:
+            applied.setdefault(entry.problem.key, entry)
     kept = []
     for entry in entries:
-        if entry.problem is not None and entry.config is not None:
-            key = (entry.problem.key, entry.config)
-            if key in seen:
-                entry = ExpertEntry(entry.file, entry.matcher, entry.problem,
-                                    skipped="same dispatch and configuration as an earlier matcher")
-            seen.add(key)
+        first = applied.get(entry.problem.key) if entry.problem is not None else None
+        if first is not None and first is not entry and entry.config is not None:
+            reason = ("same dispatch and configuration as an earlier matcher"
+                      if first.config == entry.config else
+                      f"shadowed: IREE applies {first.matcher.split('[', 1)[0]} to this dispatch")
+            entry = ExpertEntry(entry.file, entry.matcher, entry.problem, skipped=reason)
         kept.append(entry)
     return kept
+
+
+#: A matcher of an attention op: IREE's match op or the op's name (either form of the op).
+_ATTENTION_MATCHER = re.compile(
+    r"transform\.iree\.match\.(online_)?attention\b|\"iree_linalg_ext\.(online_)?attention\"")
 
 
 def _sequence_entries(
@@ -1022,7 +1068,7 @@ def _sequence_entries(
     config_text = _config_text(body)
     results = _RESULTS.search(body)
     yields_config = bool(results and "!transform.any_param" in results.group(1))
-    attention = "attention" in body and ("online_attention" in body or "match.attention" in body)
+    attention = _ATTENTION_MATCHER.search(body) is not None
     if attention and (config_text is not None or "TransformDialectCodegen" in body):
         return _attention_entries(file, name, body, config_text or "")
     if config_text is None:

@@ -12,6 +12,7 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     load_spec_dir,
     load_spec_file,
+    named_partitions,
     named_product,
 )
 from dispatchtune.errors import InputError
@@ -301,3 +302,38 @@ def test_experts_of_a_named_product_are_featurised_with_its_compute_units() -> N
     assert plain.name == "gfx942" and plain.gpu_facts().compute_units == 304
     # A product IREE does not know, or of another architecture, falls back to gfx942.
     assert feature_target("spec_mi250.mlir").name == "gfx942"
+
+
+def test_early_2025_attention_matchers_and_the_matcher_iree_applies() -> None:
+    """Attention matched by op name, `virtual_mma_layout<intrinsic = ...>` and subgroup counts in
+    the decomposition are read; a general matcher listed after a specific one in `foreach_match`
+    is skipped for the dispatches the specific one takes (IREE applies the first match)."""
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "early2025_attention_op_name.mlir")}
+    specific = entries["match_f8_m_1024[2x20x1024x64x64x1024]"]
+    assert specific.usable and specific.config is not None, specific.skipped
+    assert specific.config.pv_intrinsic == "VMFMA_F32_16x16x32_F8E4M3FNUZ"
+    assert specific.config.subgroup_counts == (4, 1)
+    assert expert_columns(specific)["tile_m"] == 128
+    shadowed = entries["match_f8_general[2x20x1024x64x64x1024]"]
+    assert not shadowed.usable and "IREE applies match_f8_m_1024" in shadowed.skipped
+    # M = 4096 is not 1024: the general matcher is the one applied there.
+    general = entries["match_f8_general[2x10x4096x64x64x4096]"]
+    assert general.usable and expert_columns(general)["tile_m"] == 64
+
+
+@pytest.mark.parametrize(("file", "partitions"), [
+    ("attention_and_matmul_spec_punet_mi300_cpx.mlir", 8),
+    ("spec_gfx942_qpx_MI325.mlir", 4),
+    ("punet-DPX.mlir", 2),
+    ("spec_mi300_none.mlir", 1),
+    ("cpxfoo.mlir", 1),
+])
+def test_the_compute_partitions_a_spec_file_names(file: str, partitions: int) -> None:
+    assert named_partitions(file) == partitions
+
+
+def test_experts_tuned_on_a_partition_see_its_share_of_the_compute_units() -> None:
+    from dispatchtune.benchmarks.expert_order import feature_target
+
+    assert feature_target("spec_gfx942_qpx_MI325.mlir").gpu_facts().compute_units == 304 // 4
+    assert feature_target("spec_mi308_cpx.mlir").gpu_facts().compute_units == 80 // 8
