@@ -27,6 +27,11 @@ they name. Either way the `decomposition_config`
 one configuration (attention in both forms) counts it once. Matchers the project cannot rebuild
 (transform-dialect scripts) are kept with a reason.
 
+A dispatch two matchers of a file match gets the configuration of the first in the file's
+`foreach_match` order, as in IREE; the other is skipped as shadowed. A file's name may state the
+product and compute-partition mode it was tuned on (`named_product`, `named_partitions`: `_mi308`,
+`_qpx`), which per-CU features need.
+
 Spec files are read as a hostile reader would: text only (nothing is executed), `//` comments
 dropped, every matcher (a named sequence that yields a configuration) either becomes an entry or
 is skipped with a reason (`skip_reasons` counts them), and nothing a file says can raise anything
@@ -1106,7 +1111,7 @@ def _entry(
 def _unsupported(body: str, helpers: Mapping[str, str]) -> str:
     """Why `_matcher_problem` found no op it rebuilds in a matcher (one line)."""
     if "attention" in body:
-        return "attention"
+        return "unsupported matcher form: an attention matcher matching neither form of the op"
     include = re.search(r"transform\.include\s+@(\w+)", body)
     if include and include.group(1) not in helpers:
         return f"unsupported matcher form: includes @{include.group(1)}, not in the file"
