@@ -50,16 +50,19 @@ LOG_FEATURES = (
     "occupancy", "subgroups", "shared_memory_fraction", "mma_m", "mma_k", "tile_mn_ratio",
     "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
 )
+#: The prior variants evaluated (see the module docstring).
+PRIORS = ("prior_nodefault", "prior", "prior_kind", "prior_pipeline")
 GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
                               [0.0, 0.125, 0.25], [0, 1]))
 
 
-Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray]
+#: (file, kind, candidate table, features, expert mask, IREE-default mask, expert identity: its
+#: dispatch and configuration, shared by files that repeat an expert).
+Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray, str]
 
 
 def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Expert]:
-    """(file, kind, candidate table, features, expert mask, IREE-default mask) of every expert
-    inside its space."""
+    """The `Expert` of every expert configuration inside its space."""
     out: list[Expert] = []
     for entry in load_spec_dir(specs):
         if entry.problem is None or entry.config is None:
@@ -72,7 +75,8 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
         if mask.any():
             features = extract_features(entry.problem, feature_target(entry.file), table)
             default = default_mask(entry.problem, table, cache)
-            out.append((entry.file, entry.problem.kind, table, features, mask, default))
+            identity = f"{entry.problem.key} {sorted(expert_columns(entry).items())}"
+            out.append((entry.file, entry.problem.kind, table, features, mask, default, identity))
     return out
 
 
@@ -153,11 +157,12 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
-              hard_negatives: int = 0, listwise: float = 0.0) -> PairwiseModel:
+              hard_negatives: int = 0, listwise: float = 0.0,
+              pipeline_terms: bool = False) -> PairwiseModel:
     features, labels, groups = prior_training_set(data, weak)
     table = pd.concat([d[2] for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
-                          listwise=listwise)
+                          listwise=listwise, pipeline_terms=pipeline_terms)
     return model.fit(features, labels, groups, table)
 
 
@@ -178,35 +183,46 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "fit of this L2 strength (0: off)")
     parser.add_argument("--kind-terms", action="store_true",
                         help="--save the prior with per-kind (attention) basis terms")
+    parser.add_argument("--pipeline-terms", action="store_true",
+                        help="--save the prior with TileAndFuse-only basis terms")
+    parser.add_argument("--priors", default=",".join(PRIORS),
+                        help=f"comma-separated priors to evaluate (of {','.join(PRIORS)})")
     args = parser.parse_args(argv)
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
-    names = ["heuristic", "pairwise", "prior_nodefault", "prior", "prior_kind"] + (
-        ["grid"] if args.grid else [])
+    identities = np.array([d[6] for d in data])
+    priors = [p for p in args.priors.split(",") if p]
+    if not set(priors) <= set(PRIORS):
+        parser.error(f"--priors takes names of {', '.join(PRIORS)}")
+    names = ["heuristic", "pairwise", *priors] + (["grid"] if args.grid else [])
     fraction = {name: np.zeros(len(data)) for name in names}
-    for i, (_, _, _, f, mask, _) in enumerate(data):
+    for i, (_, _, _, f, mask, _, _) in enumerate(data):
         fraction["heuristic"][i] = expected_position(HeuristicModel().predict(f), mask) / len(f)
     grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
                      for g in GRID]) if args.grid else np.zeros((0, len(data)))
     designs = [design(d[2], d[3]) for d in data]
     for held in sorted(set(files)):
-        train = files != held
+        tested = files == held
+        # An expert another file repeats (same dispatch, same configuration) is held out too.
+        train = ~tested & ~np.isin(identities, identities[tested])
         training = [d for d, t in zip(data, train, strict=True) if t]
         if args.grid:
             chosen = int(np.argmin(np.median(grid[:, train], axis=1)))
-            fraction["grid"][~train] = grid[chosen, ~train]
+            fraction["grid"][tested] = grid[chosen, tested]
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
                              [d[4] for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
-        priors = {"prior": fit_prior(training, True, args.c, hard_negatives=hard, listwise=lw),
-                  "prior_nodefault": fit_prior(training, False, args.c, hard_negatives=hard,
-                                               listwise=lw),
-                  "prior_kind": fit_prior(training, False, args.c, True, hard, lw)}
-        for j in np.flatnonzero(~train).tolist():
+        # (IREE's default as a weak positive, per-kind terms, per-pipeline terms)
+        settings = {"prior": (True, False, False), "prior_nodefault": (False, False, False),
+                    "prior_kind": (False, True, False), "prior_pipeline": (False, False, True)}
+        models = {name: fit_prior(training, settings[name][0], args.c, settings[name][1], hard, lw,
+                                  settings[name][2])
+                  for name in priors}
+        for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)
             fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
-            for name, model in priors.items():
+            for name, model in models.items():
                 scores = model.predict_candidates(data[j][3], data[j][2])
                 fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
         print(f"held out {held}", file=sys.stderr)
@@ -232,8 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from dispatchtune.costmodel.modelfile import save_model
 
         # IREE's default as a weak positive is kept only if it helps held out.
-        weak = float(np.median(fraction["prior"])) <= float(np.median(fraction["prior_nodefault"]))
-        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise)
+        weak = ("prior" in fraction and "prior_nodefault" in fraction
+                and float(np.median(fraction["prior"]))
+                <= float(np.median(fraction["prior_nodefault"])))
+        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
+                          args.pipeline_terms)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -241,6 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "within_5pct": float((v <= 0.05).mean())}
                     for name, v in fraction.items()
                     if name in ("heuristic", "prior_kind" if args.kind_terms
+                                else "prior_pipeline" if args.pipeline_terms
                                 else "prior" if weak else "prior_nodefault")}
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,

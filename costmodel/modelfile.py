@@ -132,7 +132,7 @@ def _pairwise_document(model: PairwiseModel, metadata: dict[str, Any] | None) ->
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": {"dispatchtune": __version__, "scikit-learn": sklearn.__version__},
         "metadata": {**model.metadata, **(metadata or {})},
-        "model": {"linear": {"basis": basis_names(),
+        "model": {"linear": {"basis": basis_names(model.kind_terms, model.pipeline_terms),
                              **{k: _encode(v, "<f8") for k, v in arrays.items()}}},
     }
 
@@ -337,18 +337,21 @@ def model_from_document(document: Any, where: str = "model") -> LearnedModel:
 def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     _feature_names(fields)  # the basis is computed from this feature schema
     params = fields.get("params", dict, "an object")
-    known = ("c", "pairs", "weak_weight")
+    numbers, flags = ("c", "pairs", "weak_weight"), ("kind_terms", "pipeline_terms")
     for key, value in params.items():
-        if key not in known:
+        if key not in numbers + flags:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
-                               f"(known: {', '.join(known)})")
-        if isinstance(value, bool) or not isinstance(value, int | float):
+                               f"(known: {', '.join(numbers + flags)})")
+        if key in flags and not isinstance(value, bool):
+            raise fields.error(f"params.{key}", f"is {_short(value)}, expected true or false")
+        if key in numbers and (isinstance(value, bool) or not isinstance(value, int | float)):
             raise fields.error(f"params.{key}", f"is {_short(value)}, expected a number")
     seed = fields.integer("seed", -(2**63), 2**63 - 1, 0)
     linear = fields.nested("model").nested("linear")
-    if linear.get("basis", list, "a list of basis names") != basis_names():
+    names = basis_names(bool(params.get("kind_terms")), bool(params.get("pipeline_terms")))
+    if linear.get("basis", list, "a list of basis names") != names:
         raise linear.error("basis", "differs from this dispatchtune's pairwise basis; retrain it")
-    size = len(basis_names())
+    size = len(names)
     arrays = {}
     for name in ("weights",):
         array = linear.nested(name)

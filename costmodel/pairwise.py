@@ -60,15 +60,21 @@ POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute")
 
 
+def _standardised(z: np.ndarray) -> np.ndarray:
+    return (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
+
+
 def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
-          kind_terms: bool = False) -> np.ndarray:
+          kind_terms: bool = False, pipeline_terms: bool = False) -> np.ndarray:
     """Rows x basis columns: log2 of each feature and `DERIVED_FEATURES` ratio (floored at
     2^-10), its square / 10, the heuristic's term scores, VectorDistribute (1/0) and the
     `TABLE_COLUMNS` of the candidate
     `table` (the same rows; without it those columns are 0); standardised over the rows given
     (one candidate set). `kind_terms`: the same columns again, times 1 on attention rows (else
     0), so attention gets its own weights on top of the shared ones (one candidate set is one
-    op, so the flag is constant within it and comparisons stay within a kind)."""
+    op, so the flag is constant within it and comparisons stay within a kind). `pipeline_terms`:
+    the columns once more on TileAndFuse rows only, standardised over those rows (else 0), so
+    the order within that pipeline gets weights of its own (docs/gpu_order.md, part 14)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
     needed = [*BASIS_FEATURES, *(n for pair in DERIVED_FEATURES.values() for n in pair)]
@@ -90,15 +96,21 @@ def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
             if name in table:
                 # NaN where concatenated tables of other kinds lack the column.
                 own[:, i] = np.nan_to_num(table[name].to_numpy(np.float64))
-    z = np.hstack([x, x**2 / 10.0, terms, own])
-    z = (z - z.mean(axis=0)) / (z.std(axis=0) + 1e-9) if len(z) else z
+    raw = np.hstack([x, x**2 / 10.0, terms, own])
+    z = _standardised(raw)
     if kind_terms:
         attention = features["kind_attention"].to_numpy(np.float64)[:, None] > 0
         z = np.hstack([z, z * attention])
+    if pipeline_terms:
+        fused = np.zeros_like(raw)
+        if table is not None and "pipeline" in table:
+            rows = table["pipeline"].astype(str).to_numpy() == "TileAndFuse"
+            fused[rows] = _standardised(raw[rows])
+        z = np.hstack([z, fused])
     return z
 
 
-def basis_names(kind_terms: bool = False) -> list[str]:
+def basis_names(kind_terms: bool = False, pipeline_terms: bool = False) -> list[str]:
     """Names of the basis columns; a model file must list exactly these."""
     import pandas as pd
 
@@ -111,7 +123,12 @@ def basis_names(kind_terms: bool = False) -> list[str]:
     logged = [*BASIS_FEATURES, *DERIVED_FEATURES]
     names = ([f"log2_{n}" for n in logged] + [f"log2_{n}_sq" for n in logged]
              + terms + ["vector_distribute", *TABLE_COLUMNS])
-    return names + [f"attention_{n}" for n in names] if kind_terms else names
+    own = list(names)
+    if kind_terms:
+        names += [f"attention_{n}" for n in own]
+    if pipeline_terms:
+        names += [f"tileandfuse_{n}" for n in own]
+    return names
 
 
 def _unit(w: np.ndarray) -> np.ndarray:
@@ -126,7 +143,7 @@ class PairwiseModel(CostModel):
 
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
                  seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
-                 listwise: float = 0.0) -> None:
+                 listwise: float = 0.0, pipeline_terms: bool = False) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
                 and listwise >= 0):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
@@ -136,8 +153,11 @@ class PairwiseModel(CostModel):
         self.listwise = float(listwise)
         self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
                                        "weak_weight": float(weak_weight)}
-        if kind_terms:  # only stored when set: model files without it keep loading
+        # Only stored when set: model files without them keep loading.
+        if kind_terms:
             self.params["kind_terms"] = True
+        if pipeline_terms:
+            self.params["pipeline_terms"] = True
         self.seed = seed
         self.weights: np.ndarray | None = None
         self.training_rows = 0
@@ -146,6 +166,10 @@ class PairwiseModel(CostModel):
     @property
     def kind_terms(self) -> bool:
         return bool(self.params.get("kind_terms", False))
+
+    @property
+    def pipeline_terms(self) -> bool:
+        return bool(self.params.get("pipeline_terms", False))
 
     @property
     def fitted(self) -> bool:
@@ -168,12 +192,11 @@ class PairwiseModel(CostModel):
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
         if y.shape != (len(features),) or g.shape != y.shape:
             raise InputError("pairwise fit needs one label and one group per feature row")
-        kind_terms = self.kind_terms
-        z = np.zeros((len(y), len(basis_names(kind_terms))))
+        z = np.zeros((len(y), len(basis_names(self.kind_terms, self.pipeline_terms))))
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
-            z[rows] = basis(features.iloc[rows],
-                            None if table is None else table.iloc[rows], kind_terms)
+            z[rows] = basis(features.iloc[rows], None if table is None else table.iloc[rows],
+                            self.kind_terms, self.pipeline_terms)
         rng = np.random.default_rng(self.seed)
         diffs, weights = [], []
         for group in pd.unique(g):
@@ -256,7 +279,7 @@ class PairwiseModel(CostModel):
         candidate `table`."""
         if self.weights is None:
             raise InputError("the pairwise model is not trained")
-        z = basis(features, table, self.kind_terms)
+        z = basis(features, table, self.kind_terms, self.pipeline_terms)
         # Rounded so that candidates equal on every basis feature tie exactly.
         return np.round(z @ self.weights, 9)
 
@@ -271,7 +294,7 @@ class PairwiseModel(CostModel):
                     ) -> PairwiseModel:
         """Rebuild from stored arrays (`weights`: one finite number per basis column)."""
         model = cls(seed=seed, **params)
-        size = len(basis_names(model.kind_terms))
+        size = len(basis_names(model.kind_terms, model.pipeline_terms))
         values = np.asarray(arrays["weights"], dtype=np.float64)
         if values.shape != (size,) or not np.isfinite(values).all():
             raise InputError(f"pairwise array 'weights' must hold {size} finite numbers")

@@ -233,3 +233,37 @@ def test_listwise_half_keeps_the_positive_on_top_and_the_model_file_format() -> 
         assert ahead < 0.05 * len(features), ahead
     with pytest.raises(InputError, match="listwise >= 0"):
         PairwiseModel(listwise=-1.0)
+
+
+def test_pipeline_terms_weigh_tileandfuse_rows_on_their_own_and_load(tmp_path: Path) -> None:
+    """With `pipeline_terms` the basis repeats itself on TileAndFuse rows, standardised over
+    those rows only (0 on VectorDistribute rows); such a model (and a per-kind one) saves and
+    loads with its own basis."""
+    cands = _small()
+    pipelines = cands.table["pipeline"].astype(str).to_numpy()
+    assert {"TileAndFuse", "VectorDistribute"} <= set(pipelines)
+    features = extract_features(SMALL, GFX942, cands.table)
+    half = len(basis_names())
+    z = basis(features, cands.table, pipeline_terms=True)
+    assert z.shape == (len(features), 2 * half)
+    fused = pipelines == "TileAndFuse"
+    assert not z[~fused, half:].any()
+    tf = z[fused, half:]
+    moving = tf.std(axis=0) > 0
+    assert np.allclose(tf[:, moving].mean(axis=0), 0) and np.allclose(tf[:, moving].std(axis=0), 1)
+    labels = np.zeros(len(features))
+    labels[np.flatnonzero(fused)[len(np.flatnonzero(fused)) // 2]] = POSITIVE
+    for flags in ({"pipeline_terms": True}, {"kind_terms": True, "pipeline_terms": True},
+                  {"kind_terms": True}):
+        model = PairwiseModel(c=1.0, **flags).fit(features, labels, np.zeros(len(features)),
+                                                  cands.table)
+        path = save_model(model, tmp_path / "m.json")
+        loaded = load_cost_model(path)
+        assert isinstance(loaded, PairwiseModel) and loaded.params == model.params
+        assert np.array_equal(loaded.predict_candidates(features, cands.table),
+                              model.predict_candidates(features, cands.table))
+    document = json.loads(path.read_text())
+    document["params"]["kind_terms"] = "yes"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="expected true or false"):
+        load_cost_model(path)
