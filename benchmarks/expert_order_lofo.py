@@ -8,14 +8,17 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   candidate of its dispatch), trained on the other files;
 - `prior`: the shipped model class (`costmodel.pairwise.PairwiseModel`), with IREE's default
   configuration as a weaker positive (`prior_nodefault`: without it; `prior_kind`: without it,
-  with per-kind basis terms so attention gets weights of its own, `--kind-terms` saves that one).
+  with per-kind basis terms so attention gets weights of its own, `--kind-terms` saves that one;
+  `prior_pipeline`: without it, with TileAndFuse-only basis terms, `--pipeline-terms` saves it).
+`--priors` picks the variants to fit. An expert another file repeats (same dispatch, same
+configuration) is held out together with the file being held out.
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
 `--save FILE` then trains the prior on every file and writes it as a model file (the shipped
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
 
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
-           [--save costmodel/models/gfx942.json]
+           [--priors prior_nodefault,prior] [--save costmodel/models/gfx942.json]
 """
 
 from __future__ import annotations
