@@ -53,8 +53,13 @@ LOG_FEATURES = (
     "occupancy", "subgroups", "shared_memory_fraction", "mma_m", "mma_k", "tile_mn_ratio",
     "vec_m", "vec_n", "padding_waste", "wave_quantization", "tile_m", "tile_n",
 )
-#: The prior variants evaluated (see the module docstring).
-PRIORS = ("prior_nodefault", "prior", "prior_kind", "prior_pipeline")
+#: The prior variants evaluated (see the module docstring), as `fit_prior` settings.
+PRIOR_SETTINGS: dict[str, dict[str, bool]] = {
+    "prior_nodefault": {"weak": False}, "prior": {"weak": True},
+    "prior_kind": {"weak": False, "kind_terms": True},
+    "prior_pipeline": {"weak": False, "pipeline_terms": True},
+}
+PRIORS = tuple(PRIOR_SETTINGS)
 GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
                               [0.0, 0.125, 0.25], [0, 1]))
 
@@ -74,11 +79,12 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
             table = candidate_table(entry.problem, cache, heuristic_filters)
         except DispatchTuneError:
             continue
-        mask, _ = expert_mask(table, expert_columns(entry))
+        columns = expert_columns(entry)
+        mask, _ = expert_mask(table, columns)
         if mask.any():
             features = extract_features(entry.problem, feature_target(entry.file), table)
             default = default_mask(entry.problem, table, cache)
-            identity = f"{entry.problem.key} {sorted(expert_columns(entry).items())}"
+            identity = f"{entry.problem.key} {sorted(columns.items())}"
             out.append((entry.file, entry.problem.kind, table, features, mask, default, identity))
     return out
 
@@ -216,11 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
                              [d[4] for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
-        # (IREE's default as a weak positive, per-kind terms, per-pipeline terms)
-        settings = {"prior": (True, False, False), "prior_nodefault": (False, False, False),
-                    "prior_kind": (False, True, False), "prior_pipeline": (False, False, True)}
-        models = {name: fit_prior(training, settings[name][0], args.c, settings[name][1], hard, lw,
-                                  settings[name][2])
+        models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
+                                  **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)

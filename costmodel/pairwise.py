@@ -87,11 +87,13 @@ def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
     x = np.log2(np.maximum(np.column_stack([values, *ratios]), 2.0**-10))
     terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
     own = np.zeros((len(x), 1 + len(TABLE_COLUMNS)))
+    pipeline = np.full(len(x), "", dtype=object)
     if table is not None:
         if len(table) != len(x):
             raise InputError("the candidate table and the feature table differ in rows")
         if "pipeline" in table:
-            own[:, 0] = table["pipeline"].astype(str).to_numpy() == "VectorDistribute"
+            pipeline = table["pipeline"].astype(str).to_numpy()
+        own[:, 0] = pipeline == "VectorDistribute"
         for i, name in enumerate(TABLE_COLUMNS, start=1):
             if name in table:
                 # NaN where concatenated tables of other kinds lack the column.
@@ -103,9 +105,8 @@ def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
         z = np.hstack([z, z * attention])
     if pipeline_terms:
         fused = np.zeros_like(raw)
-        if table is not None and "pipeline" in table:
-            rows = table["pipeline"].astype(str).to_numpy() == "TileAndFuse"
-            fused[rows] = _standardised(raw[rows])
+        rows = pipeline == "TileAndFuse"
+        fused[rows] = _standardised(raw[rows])
         z = np.hstack([z, fused])
     return z
 
