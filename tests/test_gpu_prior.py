@@ -267,3 +267,14 @@ def test_pipeline_terms_weigh_tileandfuse_rows_on_their_own_and_load(tmp_path: P
     path.write_text(json.dumps(document))
     with pytest.raises(InputError, match="expected true or false"):
         load_cost_model(path)
+
+
+def test_rank_a_gfx942_product_from_the_cli_uses_the_gfx942_prior(tmp_path: Path) -> None:
+    """`rank FILE --target rocm:mi308x`, as the README suggests for a product: the gfx942 prior,
+    not the heuristic."""
+    source = tmp_path / "mm.mlir"
+    source.write_text(SMALL.to_mlir())
+    proc = _run("rank", str(source), "--target", "rocm:mi308x", "--json", "--limit", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "installed default model gfx942.json" in proc.stderr
+    assert [json.loads(line)["rank"] for line in proc.stdout.splitlines()] == [0, 1]
