@@ -109,7 +109,8 @@ class ExpertEntry:
 
 # ---- text helpers -------------------------------------------------------------------------------
 _SEQUENCE = re.compile(r"transform\.named_sequence\s+@(\w+)\s*\(")
-_ALIAS = re.compile(r"^(#\w+)\s*=\s*(.*)$", re.MULTILINE)
+#: `#attr = ...` and `!type = ...` aliases (specs name the tensor types of their matchers too).
+_ALIAS = re.compile(r"^([#!]\w+)\s*=\s*(.*)$", re.MULTILINE)
 _MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
 _MAP_TEXT = re.compile(r"affine_map<\([^)]*\)\s*->\s*\([^)]*\)>")
 _TENSOR = re.compile(r"tensor<([^>]*)>")
@@ -149,7 +150,8 @@ def _sequences(text: str) -> Iterator[tuple[str, str]]:
 
 
 def _resolve_aliases(text: str) -> str:
-    """Inline `#name = attr` aliases (IREE's printer uses them for compilation_info)."""
+    """Inline `#name = attr` aliases (IREE's printer uses them for compilation_info) and
+    `!name = type` ones."""
     aliases = dict(_ALIAS.findall(text))
     body = _ALIAS.sub("", text)
     if not aliases:
@@ -701,8 +703,10 @@ def modernise(text: str) -> tuple[str, dict[str, int | str]]:
 
     def pipeline(match: re.Match[str]) -> str:
         name = match.group(1)
-        # 2024's PadAndVectorDistribute (unaligned shapes) is VectorDistribute with padding now.
-        name = "VectorDistribute" if name == "PadAndVectorDistribute" else name
+        # 2024's PadAndVectorDistribute (unaligned shapes) is VectorDistribute with padding now,
+        # and its ConvVectorDistribute (direct convolutions) VectorDistribute too.
+        name = "VectorDistribute" if name in ("PadAndVectorDistribute", "ConvVectorDistribute") \
+            else name
         return f"translation_info<pipeline = #iree_gpu.pipeline<{name}>"
 
     # 2025 TileAndFuse specs leave the attribute's dialect out: `translation_info = <pipeline`.
@@ -711,6 +715,8 @@ def modernise(text: str) -> tuple[str, dict[str, int | str]]:
     text = _OLD_PIPELINE.sub(pipeline, text)
     # Early-2025 virtual intrinsics name their parameter: `virtual_mma_layout<intrinsic = V...>`.
     text = re.sub(r"virtual_mma_layout<\s*intrinsic\s*=\s*", "virtual_mma_layout<", text)
+    # Spring-2024 layouts name only the operand, shape and accumulator: `mfma_layout<F16_...>`.
+    text = re.sub(r"mfma_layout<(\w+)", lambda m: f"mma_layout<MFMA_{m.group(1)}", text)
     text = re.sub(r"mma_layout<(\w+)", lambda m: f"mma_layout<{current_intrinsic(m.group(1))}", text)
     # IREE 3.13 spells shared-memory prefetching as a stage count.
     text = text.replace("prefetch_shared_memory = true", "prefetch_num_stages = 2")

@@ -321,6 +321,27 @@ def test_early_2025_attention_matchers_and_the_matcher_iree_applies() -> None:
     assert general.usable and expert_columns(general)["tile_m"] == 64
 
 
+def test_spring_2024_mfma_layouts_type_aliases_and_conv_pipeline() -> None:
+    """`#iree_gpu.mfma_layout<F16_16x16x16_F32>` (operand type first, no family) is the current
+    MFMA_F32_16x16x16_F16; `!type` aliases in a matched DAG are inlined; 2024's
+    LLVMGPUConvVectorDistribute is VectorDistribute; and each expert lands in its space."""
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "spring2024_mfma_layout.mlir")}
+    mmt = entries["match_mmt_1024x640x1280"]
+    assert mmt.usable and mmt.config is not None and mmt.problem is not None, mmt.skipped
+    assert mmt.problem.loop_sizes == (1024, 640, 1280)
+    assert mmt.config.intrinsic == "MFMA_F32_16x16x16_F16"
+    assert mmt.config.subgroup_counts == (2, 2) and mmt.config.pipeline == "VectorDistribute"
+    conv = entries["match_conv_2x32x32x320x3x3x320"]
+    assert conv.usable and conv.config is not None and conv.problem is not None, conv.skipped
+    assert conv.problem.kind == "convolution" and conv.config.intrinsic == "MFMA_F32_32x32x8_F16"
+    assert conv.config.pipeline == "VectorDistribute"
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.search import enumerate_candidates
+
+    table = enumerate_candidates(mmt.problem, "gfx942", heuristic_filters=False).table
+    assert expert_mask(table, expert_columns(mmt))[0].sum() == 1
+
+
 @pytest.mark.parametrize(("file", "partitions"), [
     ("attention_and_matmul_spec_punet_mi300_cpx.mlir", 8),
     ("spec_gfx942_qpx_MI325.mlir", 4),
