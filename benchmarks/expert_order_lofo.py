@@ -9,7 +9,10 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
 - `prior`: the shipped model class (`costmodel.pairwise.PairwiseModel`), with IREE's default
   configuration as a weaker positive (`prior_nodefault`: without it; `prior_kind`: without it,
   with per-kind basis terms so attention gets weights of its own, `--kind-terms` saves that one;
-  `prior_pipeline`: without it, with TileAndFuse-only basis terms, `--pipeline-terms` saves it).
+  `prior_pipeline`: without it, with TileAndFuse-only basis terms, `--pipeline-terms` saves it;
+  `prior_interleaved`: without it, with a ranker per pipeline, each fit on the dispatches whose
+  expert used that pipeline, and the pipelines' orders taken in turn; `--pipeline-rankers` saves
+  it).
 `--priors` picks the variants to fit. An expert another file repeats (same dispatch, same
 configuration) is held out together with the file being held out.
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
@@ -41,7 +44,7 @@ from benchmarks.expert_order import (
     markdown,
 )
 from dispatchtune.costmodel.heuristic import HeuristicModel, _log
-from dispatchtune.costmodel.pairwise import POSITIVE, WEAK_POSITIVE, PairwiseModel
+from dispatchtune.costmodel.pairwise import PIPELINES, POSITIVE, WEAK_POSITIVE, PairwiseModel
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import extract_features
@@ -58,6 +61,7 @@ PRIOR_SETTINGS: dict[str, dict[str, bool]] = {
     "prior_nodefault": {"weak": False}, "prior": {"weak": True},
     "prior_kind": {"weak": False, "kind_terms": True},
     "prior_pipeline": {"weak": False, "pipeline_terms": True},
+    "prior_interleaved": {"weak": False, "pipeline_rankers": True},
 }
 PRIORS = tuple(PRIOR_SETTINGS)
 GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
@@ -167,11 +171,13 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
               hard_negatives: int = 0, listwise: float = 0.0,
-              pipeline_terms: bool = False) -> PairwiseModel:
+              pipeline_terms: bool = False, pipeline_rankers: bool = False) -> PairwiseModel:
+    """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline."""
     features, labels, groups = prior_training_set(data, weak)
     table = pd.concat([d[2] for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
-                          listwise=listwise, pipeline_terms=pipeline_terms)
+                          listwise=listwise, pipeline_terms=pipeline_terms,
+                          pipeline_rankers=PIPELINES if pipeline_rankers else ())
     return model.fit(features, labels, groups, table)
 
 
@@ -194,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="--save the prior with per-kind (attention) basis terms")
     parser.add_argument("--pipeline-terms", action="store_true",
                         help="--save the prior with TileAndFuse-only basis terms")
+    parser.add_argument("--pipeline-rankers", action="store_true",
+                        help="--save the prior with a ranker per pipeline, pipelines interleaved")
     parser.add_argument("--priors", default=",".join(PRIORS),
                         help=f"comma-separated priors to evaluate (of {','.join(PRIORS)})")
     args = parser.parse_args(argv)
@@ -258,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 and float(np.median(fraction["prior"]))
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
-                          args.pipeline_terms)
+                          args.pipeline_terms, args.pipeline_rankers)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -267,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for name, v in fraction.items()
                     if name in ("heuristic", "prior_kind" if args.kind_terms
                                 else "prior_pipeline" if args.pipeline_terms
+                                else "prior_interleaved" if args.pipeline_rankers
                                 else "prior" if weak else "prior_nodefault")}
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,

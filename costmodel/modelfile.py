@@ -21,7 +21,8 @@ Layout (`FORMAT` = "dispatchtune.costmodel/2")::
 
 The "pairwise" kind (`costmodel/pairwise.py`, a linear GPU prior) stores, instead of trees,
 `"model": {"linear": {"basis": [...], "weights": {array}}}` (a float64 array as above);
-`basis` must name the basis this dispatchtune computes.
+`basis` must name the basis this dispatchtune computes. A model with `params.pipeline_rankers`
+also stores `"weights_<pipeline>"` for each (on the plain basis, without kind or pipeline terms).
 
 Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
 from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
@@ -45,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from dispatchtune.costmodel.learned import LABEL, MODELS, LearnedModel
-from dispatchtune.costmodel.pairwise import PairwiseModel, basis_names
+from dispatchtune.costmodel.pairwise import PIPELINES, PairwiseModel, basis_names
 from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import (
@@ -338,10 +339,15 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     _feature_names(fields)  # the basis is computed from this feature schema
     params = fields.get("params", dict, "an object")
     numbers, flags = ("c", "pairs", "weak_weight"), ("kind_terms", "pipeline_terms")
+    lists = ("pipeline_rankers",)
     for key, value in params.items():
-        if key not in numbers + flags:
+        if key not in numbers + flags + lists:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
-                               f"(known: {', '.join(numbers + flags)})")
+                               f"(known: {', '.join(numbers + flags + lists)})")
+        if key in lists and not (isinstance(value, list) and len(value) <= len(PIPELINES)
+                                 and all(name in PIPELINES for name in value)):
+            raise fields.error(f"params.{key}", f"is {_short(value)}, expected a list of "
+                               f"pipeline names ({', '.join(PIPELINES)})")
         if key in flags and not isinstance(value, bool):
             raise fields.error(f"params.{key}", f"is {_short(value)}, expected true or false")
         if key in numbers and (isinstance(value, bool) or not isinstance(value, int | float)):
@@ -353,10 +359,13 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
         raise linear.error("basis", "differs from this dispatchtune's pairwise basis; retrain it")
     size = len(names)
     arrays = {}
-    for name in ("weights",):
+    # A pipeline's own ranker reads the plain basis (no kind or pipeline terms).
+    expected = {"weights": size, **{f"weights_{name}": len(basis_names())
+                                    for name in params.get("pipeline_rankers", [])}}
+    for name, length in expected.items():
         array = linear.nested(name)
-        if array.integer("length", 0, MAX_MODEL_BYTES // 8) != size:
-            raise array.error("length", f"is not {size} (one entry per basis column)")
+        if array.integer("length", 0, MAX_MODEL_BYTES // 8) != length:
+            raise array.error("length", f"is not {length} (one entry per basis column)")
         arrays[name] = _decode(array, "<f8")
     try:
         model = PairwiseModel.from_arrays(arrays, params, seed)

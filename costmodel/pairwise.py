@@ -13,13 +13,20 @@ dispatches, its rank within one does not). The pipeline and the layout columns a
 `predict(features)` alone leaves those columns at 0 (held out, this loses most of the prior's
 advantage: docs/gpu_order.md). Training can average the pairwise weights with those of a
 listwise (softmax over each dispatch) fit on the same basis; the result is still one linear
-score. One weight array, saved by `costmodel/modelfile.py` as the "pairwise" kind. See
+score. A model may also hold rankers of its own for the rows of named pipelines
+(`pipeline_rankers`): each is the same kind of linear score, fit only on the dispatches whose
+expert used that pipeline and only on that pipeline's rows, and the order then takes the
+pipelines' own orders in turn (`interleave`): spec files of different years disagree on the
+pipeline for the same dispatch, and nothing in a dispatch tells which a GPU will prefer, so the
+first candidates hedge between them (docs/gpu_order.md, part 15). The weight arrays are saved by
+`costmodel/modelfile.py` as the "pairwise" kind. See
 docs/gpu_order.md for how the shipped gfx942 model is trained and how it does on held-out spec
 files.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +55,9 @@ BASIS_FEATURES: tuple[str, ...] = (
 DERIVED_FEATURES: dict[str, tuple[str, str]] = {"mma_tiles_m": ("vec_m", "mma_m")}
 #: Label of a positive (expert) row, a weak positive (IREE default) row; other rows are 0.
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
+#: Pipelines of the gfx942 space (the candidate table's `pipeline` column), the names a model's
+#: `pipeline_rankers` may take.
+PIPELINES: tuple[str, ...] = ("VectorDistribute", "TileAndFuse")
 
 
 #: Candidate-table columns the basis takes as they are (they are not features: the feature
@@ -132,6 +142,19 @@ def basis_names(kind_terms: bool = False, pipeline_terms: bool = False) -> list[
     return names
 
 
+def interleave(scores: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
+    """Scores of the order that takes each pipeline's best remaining row in turn: minus a row's
+    rank within its own pipeline (tied rows share their mean rank), so the first rows of every
+    pipeline come before the second rows of any."""
+    from scipy.stats import rankdata
+
+    out = np.empty(len(scores), dtype=np.float64)
+    for name in pd.unique(pipeline):
+        rows = pipeline == name
+        out[rows] = -rankdata(-scores[rows], method="average")
+    return out
+
+
 def _unit(w: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(w))
     return w / norm if norm > 0 else w
@@ -144,11 +167,15 @@ class PairwiseModel(CostModel):
 
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
                  seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
-                 listwise: float = 0.0, pipeline_terms: bool = False) -> None:
+                 listwise: float = 0.0, pipeline_terms: bool = False,
+                 pipeline_rankers: Sequence[str] = ()) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
                 and listwise >= 0):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
                              "hard_negatives >= 0 and listwise >= 0")
+        unknown = [name for name in pipeline_rankers if name not in PIPELINES]
+        if unknown or len(set(pipeline_rankers)) != len(pipeline_rankers):
+            raise InputError(f"pipeline_rankers take distinct names of {', '.join(PIPELINES)}")
         # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
         self.listwise = float(listwise)
@@ -159,8 +186,12 @@ class PairwiseModel(CostModel):
             self.params["kind_terms"] = True
         if pipeline_terms:
             self.params["pipeline_terms"] = True
+        if pipeline_rankers:
+            self.params["pipeline_rankers"] = list(pipeline_rankers)
         self.seed = seed
         self.weights: np.ndarray | None = None
+        #: Pipeline -> weights on the plain `basis` of that pipeline's rows (`pipeline_rankers`).
+        self.rankers: dict[str, np.ndarray] = {}
         self.training_rows = 0
         self.metadata: dict[str, Any] = {"target_kinds": ["gpu"]}
 
@@ -171,6 +202,10 @@ class PairwiseModel(CostModel):
     @property
     def pipeline_terms(self) -> bool:
         return bool(self.params.get("pipeline_terms", False))
+
+    @property
+    def pipeline_rankers(self) -> list[str]:
+        return list(self.params.get("pipeline_rankers", []))
 
     @property
     def fitted(self) -> bool:
@@ -187,7 +222,9 @@ class PairwiseModel(CostModel):
         where random pairs are few (held out this helps: docs/gpu_order.md, part 5). With
         `listwise` = L2 strength > 0, a second linear ranker on the same basis is fit by
         `_fit_listwise` and the stored weights are the mean of the two unit weight vectors (one
-        weight array as before; held out this helps: docs/gpu_order.md, part 7)."""
+        weight array as before; held out this helps: docs/gpu_order.md, part 7). Each of
+        `pipeline_rankers` is then fit the same way on the groups whose POSITIVE row has that
+        pipeline, on their rows of that pipeline only (the `table` is needed)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
@@ -229,7 +266,27 @@ class PairwiseModel(CostModel):
             listwise = self._fit_listwise(z, y, g)
             # Equal parts of the two directions (a linear score's scale does not change an order).
             self.weights = 0.5 * (_unit(self.weights) + _unit(listwise))
+        self.rankers = {name: self._fit_ranker(name, features, y, g, table)
+                        for name in self.pipeline_rankers}
         return self
+
+    def _fit_ranker(self, name: str, features: pd.DataFrame, y: np.ndarray, g: np.ndarray,
+                    table: pd.DataFrame | None) -> np.ndarray:
+        """Weights of the ranker of pipeline `name` (see `fit`)."""
+        if table is None or "pipeline" not in table:
+            raise InputError("pipeline rankers need the candidate table's pipeline column")
+        pipeline = table["pipeline"].astype(str).to_numpy()
+        own = np.isin(g, pd.unique(g[(y >= POSITIVE) & (pipeline == name)])) & (pipeline == name)
+        if not own.any():
+            raise InputError(f"no expert configuration uses {name}: its ranker cannot be fit")
+        ranker = PairwiseModel(self.params["c"], self.params["pairs"], self.params["weak_weight"],
+                               self.seed, hard_negatives=self.hard_negatives,
+                               listwise=self.listwise)
+        rows = np.flatnonzero(own)
+        ranker.fit(features.iloc[rows], y[rows], g[rows], table.iloc[rows])
+        assert ranker.weights is not None
+        self.training_rows += ranker.training_rows
+        return ranker.weights
 
     def _fit_listwise(self, z: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Weights maximising, over the groups with a POSITIVE row, the softmax probability of the
@@ -282,13 +339,23 @@ class PairwiseModel(CostModel):
             raise InputError("the pairwise model is not trained")
         z = basis(features, table, self.kind_terms, self.pipeline_terms)
         # Rounded so that candidates equal on every basis feature tie exactly.
-        return np.round(z @ self.weights, 9)
+        scores = np.round(z @ self.weights, 9)
+        if not self.rankers or table is None or "pipeline" not in table:
+            return scores
+        pipeline = table["pipeline"].astype(str).to_numpy()
+        for name, weights in self.rankers.items():
+            rows = np.flatnonzero(pipeline == name)
+            if len(rows):
+                own = basis(features.iloc[rows], table.iloc[rows])
+                scores[rows] = np.round(own @ weights, 9)
+        return interleave(scores, pipeline)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The arrays a model file stores."""
         if self.weights is None:
             raise InputError("cannot save an untrained pairwise model")
-        return {"weights": self.weights}
+        return {"weights": self.weights,
+                **{f"weights_{name}": self.rankers[name] for name in self.pipeline_rankers}}
 
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray], params: dict[str, Any], seed: int = 0
@@ -300,4 +367,10 @@ class PairwiseModel(CostModel):
         if values.shape != (size,) or not np.isfinite(values).all():
             raise InputError(f"pairwise array 'weights' must hold {size} finite numbers")
         model.weights = values
+        plain = len(basis_names())
+        for name in model.pipeline_rankers:
+            ranker = np.asarray(arrays[f"weights_{name}"], dtype=np.float64)
+            if ranker.shape != (plain,) or not np.isfinite(ranker).all():
+                raise InputError(f"pairwise array 'weights_{name}' must hold {plain} finite numbers")
+            model.rankers[name] = ranker
         return model

@@ -14,7 +14,13 @@ import pytest
 
 from dispatchtune.costmodel.defaults import default_model_path, default_order, model_for_target
 from dispatchtune.costmodel.modelfile import load_cost_model, load_model, save_model
-from dispatchtune.costmodel.pairwise import POSITIVE, PairwiseModel, basis, basis_names
+from dispatchtune.costmodel.pairwise import (
+    POSITIVE,
+    PairwiseModel,
+    basis,
+    basis_names,
+    interleave,
+)
 from dispatchtune.costmodel.rank import rank
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_file
 from dispatchtune.errors import InputError
@@ -253,10 +259,9 @@ def test_pipeline_terms_weigh_tileandfuse_rows_on_their_own_and_load(tmp_path: P
     assert np.allclose(tf[:, moving].mean(axis=0), 0) and np.allclose(tf[:, moving].std(axis=0), 1)
     labels = np.zeros(len(features))
     labels[np.flatnonzero(fused)[len(np.flatnonzero(fused)) // 2]] = POSITIVE
-    for flags in ({"pipeline_terms": True}, {"kind_terms": True, "pipeline_terms": True},
-                  {"kind_terms": True}):
-        model = PairwiseModel(c=1.0, **flags).fit(features, labels, np.zeros(len(features)),
-                                                  cands.table)
+    for kind_terms, pipeline_terms in ((False, True), (True, True), (True, False)):
+        model = PairwiseModel(c=1.0, kind_terms=kind_terms, pipeline_terms=pipeline_terms).fit(
+            features, labels, np.zeros(len(features)), cands.table)
         path = save_model(model, tmp_path / "m.json")
         loaded = load_cost_model(path)
         assert isinstance(loaded, PairwiseModel) and loaded.params == model.params
@@ -267,6 +272,54 @@ def test_pipeline_terms_weigh_tileandfuse_rows_on_their_own_and_load(tmp_path: P
     path.write_text(json.dumps(document))
     with pytest.raises(InputError, match="expected true or false"):
         load_cost_model(path)
+
+
+def test_interleave_takes_each_pipelines_best_remaining_row_in_turn() -> None:
+    scores = np.array([5.0, 4.0, 3.0, 9.0, 8.0, 1.0, 1.0])
+    pipeline = np.array(["VD", "VD", "VD", "TF", "TF", "TF", "TF"])
+    merged = interleave(scores, pipeline)
+    order = np.argsort(-merged, kind="stable")
+    assert order[:4].tolist() == [0, 3, 1, 4]  # the best of each, then the second of each
+    assert merged[5] == merged[6] == -3.5  # tied rows share their mean rank
+
+
+def test_pipeline_rankers_order_their_pipeline_and_interleave(tmp_path: Path) -> None:
+    """A TileAndFuse ranker is fit only on the dispatches whose expert is TileAndFuse, on their
+    TileAndFuse rows: it finds that expert early, the order alternates between the pipelines'
+    own orders, and the model file keeps the ranker (and refuses a wrong one)."""
+    cands = _small()
+    pipelines = cands.table["pipeline"].astype(str).to_numpy()
+    features = extract_features(SMALL, GFX942, cands.table)
+    fused = np.flatnonzero(pipelines == "TileAndFuse")
+    vector = np.flatnonzero(pipelines == "VectorDistribute")
+    # Two copies of the space: one expert per pipeline, so both the shared score and the ranker
+    # have a positive to learn from.
+    both = pd.concat([features, features], ignore_index=True)
+    table = pd.concat([cands.table, cands.table], ignore_index=True)
+    labels = np.zeros(len(both))
+    labels[fused[len(fused) // 2]] = POSITIVE
+    labels[len(features) + vector[len(vector) // 2]] = POSITIVE
+    groups = np.repeat([0, 1], len(features))
+    model = PairwiseModel(c=1.0, pipeline_rankers=["TileAndFuse"]).fit(both, labels, groups, table)
+    assert set(model.rankers) == {"TileAndFuse"}
+    scores = model.predict_candidates(features, cands.table)
+    order = np.argsort(-scores, kind="stable")
+    assert sorted(pipelines[order[:2]].tolist()) == ["TileAndFuse", "VectorDistribute"]
+    position = int(np.flatnonzero(order == fused[len(fused) // 2])[0])
+    assert position < 0.05 * len(order)
+    path = save_model(model, tmp_path / "m.json")
+    loaded = load_cost_model(path)
+    assert isinstance(loaded, PairwiseModel) and loaded.pipeline_rankers == ["TileAndFuse"]
+    assert np.array_equal(loaded.predict_candidates(features, cands.table), scores)
+    document = json.loads(path.read_text())
+    document["params"]["pipeline_rankers"] = ["SIMT"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="pipeline names"):
+        load_cost_model(path)
+    with pytest.raises(InputError, match="no expert configuration uses TileAndFuse"):
+        PairwiseModel(pipeline_rankers=["TileAndFuse"]).fit(
+            features, np.where(np.arange(len(features)) == vector[0], POSITIVE, 0.0),
+            np.zeros(len(features)), cands.table)
 
 
 def test_rank_a_gfx942_product_from_the_cli_uses_the_gfx942_prior(tmp_path: Path) -> None:
