@@ -21,7 +21,11 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
-           [--priors prior_nodefault,prior] [--save costmodel/models/gfx942.json]
+           [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
+           [--save costmodel/models/gfx942.json]
+The shipped prior's command (part 15 of docs/gpu_order.md: SPECS14 holds the six shared files and
+eight public ones): SPECS14 --cache DIR --no-heuristic-filters --hard-negatives 50 --listwise 0.1
+--priors prior_interleaved --pipeline-rankers --save costmodel/models/gfx942.json.
 """
 
 from __future__ import annotations
