@@ -466,19 +466,3 @@ def _decode(fields: _Fields, dtype: str) -> np.ndarray:
     if len(raw) != length * item:
         raise fields.error("base64", f"holds {len(raw) / item:g} entries, 'length' says {length}")
     return np.frombuffer(raw, dtype=np.dtype(dtype)).astype(np.dtype(dtype).newbyteorder("="))
-
-
-def describe_model(model: LearnedModel | PairwiseModel) -> str:
-    """One line about a model: type, label, training data, held-out figure if recorded."""
-    meta = model.metadata
-    data = meta.get("training_data")
-    cv = meta.get("cross_validation")
-    parts = [f"{model.kind} model", f"{model.training_rows} training rows"]
-    if isinstance(data, dict) and isinstance(data.get("problems"), int):
-        parts.append(f"{data['problems']} problems")
-    if isinstance(cv, dict) and isinstance(cv.get("model_median"), int | float):
-        random = cv.get("random_median")
-        random_text = f"{random:.1f}" if isinstance(random, int | float) else "?"
-        parts.append(f"held-out median {cv['model_median']:.1f} benchmarks to 5% "
-                     f"(random {random_text})")
-    return ", ".join(parts)
