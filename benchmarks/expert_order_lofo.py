@@ -12,7 +12,7 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   `prior_pipeline`: without it, with TileAndFuse-only basis terms, `--pipeline-terms` saves it;
   `prior_interleaved`: without it, with a ranker per pipeline, each fit on the dispatches whose
   expert used that pipeline, and the pipelines' orders taken in turn; `--pipeline-rankers` saves
-  it).
+  it; with `--tree-weight W` each ranker's linear score is blended with LambdaRank trees).
 `--priors` picks the variants to fit. An expert another file repeats (same dispatch, same
 configuration) is held out together with the file being held out.
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
@@ -22,10 +22,11 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
-           [--save costmodel/models/gfx942.json]
-The shipped prior's command (part 15 of docs/gpu_order.md: SPECS14 holds the six shared files and
-eight public ones): SPECS14 --cache DIR --no-heuristic-filters --hard-negatives 50 --listwise 0.1
---priors prior_interleaved --pipeline-rankers --save costmodel/models/gfx942.json.
+           [--tree-weight W] [--save costmodel/models/gfx942.json]
+The shipped prior's command (parts 15-16 of docs/gpu_order.md: SPECS14 holds the six shared files
+and eight public ones): SPECS14 --cache DIR --no-heuristic-filters --hard-negatives 50 --listwise
+0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
+--save costmodel/models/gfx942.json.
 """
 
 from __future__ import annotations
@@ -175,13 +176,16 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
               hard_negatives: int = 0, listwise: float = 0.0,
-              pipeline_terms: bool = False, pipeline_rankers: bool = False) -> PairwiseModel:
-    """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline."""
+              pipeline_terms: bool = False, pipeline_rankers: bool = False,
+              tree_weight: float = 0.0) -> PairwiseModel:
+    """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline;
+    `tree_weight`: each ranker blended with LambdaRank trees."""
     features, labels, groups = prior_training_set(data, weak)
     table = pd.concat([d[2] for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
                           listwise=listwise, pipeline_terms=pipeline_terms,
-                          pipeline_rankers=PIPELINES if pipeline_rankers else ())
+                          pipeline_rankers=PIPELINES if pipeline_rankers else (),
+                          tree_weight=tree_weight if pipeline_rankers else 0.0)
     return model.fit(features, labels, groups, table)
 
 
@@ -206,6 +210,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="--save the prior with TileAndFuse-only basis terms")
     parser.add_argument("--pipeline-rankers", action="store_true",
                         help="--save the prior with a ranker per pipeline, pipelines interleaved")
+    parser.add_argument("--tree-weight", type=float, default=0.0, metavar="W",
+                        help="prior_interleaved: blend each pipeline ranker with LambdaRank "
+                        "trees, W to the trees (0: off; attention keeps the linear score)")
     parser.add_argument("--priors", default=",".join(PRIORS),
                         help=f"comma-separated priors to evaluate (of {','.join(PRIORS)})")
     args = parser.parse_args(argv)
@@ -235,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              [d[4] for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
-                                  **PRIOR_SETTINGS[name])
+                                  tree_weight=args.tree_weight, **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)
@@ -270,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 and float(np.median(fraction["prior"]))
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
-                          args.pipeline_terms, args.pipeline_rankers)
+                          args.pipeline_terms, args.pipeline_rankers, args.tree_weight)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -286,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),
                               "hard_negatives": args.hard_negatives,
                               "listwise_l2": args.listwise,
+                              "tree_weight": args.tree_weight,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out": held_out,

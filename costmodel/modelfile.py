@@ -22,7 +22,9 @@ Layout (`FORMAT` = "dispatchtune.costmodel/2")::
 The "pairwise" kind (`costmodel/pairwise.py`, a linear GPU prior) stores, instead of trees,
 `"model": {"linear": {"basis": [...], "weights": {array}}}` (a float64 array as above);
 `basis` must name the basis this dispatchtune computes. A model with `params.pipeline_rankers`
-also stores `"weights_<pipeline>"` for each (on the plain basis, without kind or pipeline terms).
+also stores `"weights_<pipeline>"` for each (on the plain basis, without kind or pipeline terms),
+and one with `params.tree_weight` each ranker's LambdaRank trees as `"model": {"trees_<pipeline>":
+{"basis": [...], <trees as above>}}` (`basis` names the columns the trees read, `tree_basis`).
 
 Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
 from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
@@ -46,7 +48,12 @@ from typing import Any
 import numpy as np
 
 from dispatchtune.costmodel.learned import LABEL, MODELS, LearnedModel
-from dispatchtune.costmodel.pairwise import PIPELINES, PairwiseModel, basis_names
+from dispatchtune.costmodel.pairwise import (
+    PIPELINES,
+    PairwiseModel,
+    basis_names,
+    tree_basis_names,
+)
 from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
 from dispatchtune.features.extract import (
@@ -109,11 +116,7 @@ def model_document(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": versions,
         "metadata": {**model.metadata, **(metadata or {})},
-        "model": {"trees": {
-            "aggregate": "mean" if trees.average else "sum",
-            "float32_features": trees.float32_features,
-            **{name: _encode(getattr(trees, name), dtype) for name, dtype in _ARRAY_DTYPES.items()},
-        }},
+        "model": {"trees": _trees_document(trees)},
     }
 
 
@@ -134,8 +137,16 @@ def _pairwise_document(model: PairwiseModel, metadata: dict[str, Any] | None) ->
         "versions": {"dispatchtune": __version__, "scikit-learn": sklearn.__version__},
         "metadata": {**model.metadata, **(metadata or {})},
         "model": {"linear": {"basis": basis_names(model.kind_terms, model.pipeline_terms),
-                             **{k: _encode(v, "<f8") for k, v in arrays.items()}}},
+                             **{k: _encode(v, "<f8") for k, v in arrays.items()}},
+                  **{f"trees_{name}": {"basis": tree_basis_names(), **_trees_document(trees)}
+                     for name, trees in model.trees.items()}},
     }
+
+
+def _trees_document(trees: TreeArrays) -> dict[str, Any]:
+    return {"aggregate": "mean" if trees.average else "sum",
+            "float32_features": trees.float32_features,
+            **{name: _encode(getattr(trees, name), dtype) for name, dtype in _ARRAY_DTYPES.items()}}
 
 
 def save_model(
@@ -338,7 +349,7 @@ def model_from_document(document: Any, where: str = "model") -> LearnedModel:
 def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     _feature_names(fields)  # the basis is computed from this feature schema
     params = fields.get("params", dict, "an object")
-    numbers, flags = ("c", "pairs", "weak_weight"), ("kind_terms", "pipeline_terms")
+    numbers, flags = ("c", "pairs", "weak_weight", "tree_weight"), ("kind_terms", "pipeline_terms")
     lists = ("pipeline_rankers",)
     for key, value in params.items():
         if key not in numbers + flags + lists:
@@ -367,8 +378,15 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
         if array.integer("length", 0, MAX_MODEL_BYTES // 8) != length:
             raise array.error("length", f"is not {length} (one entry per basis column)")
         arrays[name] = _decode(array, "<f8")
+    # With `tree_weight`, each pipeline ranker's trees read `tree_basis`.
+    trees = {}
+    for name in params.get("pipeline_rankers", []) if params.get("tree_weight") else []:
+        stored = fields.nested("model").nested(f"trees_{name}")
+        if stored.get("basis", list, "a list of basis names") != tree_basis_names():
+            raise stored.error("basis", "differs from this dispatchtune's tree basis; retrain it")
+        trees[name] = _trees(stored, len(tree_basis_names()))
     try:
-        model = PairwiseModel.from_arrays(arrays, params, seed)
+        model = PairwiseModel.from_arrays(arrays, params, seed, trees)
     except (TypeError, InputError) as exc:
         raise fields.error("model", f"is not a valid pairwise model ({exc})") from exc
     model.training_rows = fields.integer("training_rows", 0, 2**63 - 1, 0)

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.costmodel.base import CostModel
+from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
 
 #: Features whose log2 (and its square) form the basis: the GPU quantities experts trade off
@@ -68,6 +69,23 @@ PIPELINES: tuple[str, ...] = ("VectorDistribute", "TileAndFuse")
 #: (`qk_recompute`, part 12). A table without a column (CPU, contractions, older enumerations)
 #: gives 0, which standardises away.
 TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute")
+#: What a pipeline ranker's trees (`tree_weight`) read beside the basis: log2 of the problem's
+#: sizes and operand width and its kind, so that a split can depend on the dispatch (the basis is
+#: standardised within it), and log2 of each workgroup tile over its problem size.
+TREE_PROBLEM_FEATURES: tuple[str, ...] = (
+    "problem_b", "problem_m", "problem_n", "problem_k", "lhs_bytes", "kind_attention",
+    "kind_convolution",
+)
+TREE_TILE_FRACTIONS: tuple[tuple[str, str], ...] = (
+    ("tile_m", "problem_m"), ("tile_n", "problem_n"), ("tile_k", "problem_k"),
+)
+#: LightGBM LambdaRank settings of the trees, and how many other rows of each dispatch they see
+#: beside its expert rows (a random sample: the trees need not see all of a 59,000-row space).
+TREE_SETTINGS: dict[str, Any] = {
+    "n_estimators": 400, "num_leaves": 15, "learning_rate": 0.05, "min_child_samples": 20,
+    "subsample": 0.8, "subsample_freq": 1, "colsample_bytree": 0.8,
+}
+TREE_NEGATIVES = 3000
 
 
 def _standardised(z: np.ndarray) -> np.ndarray:
@@ -142,6 +160,34 @@ def basis_names(kind_terms: bool = False, pipeline_terms: bool = False) -> list[
     return names
 
 
+def tree_basis(features: pd.DataFrame, table: pd.DataFrame | None = None) -> np.ndarray:
+    """Rows x `tree_basis_names()`: the plain `basis` of the rows given (one candidate set of one
+    pipeline), then the `TREE_PROBLEM_FEATURES` and `TREE_TILE_FRACTIONS` as log2 (floored)."""
+    return np.hstack([basis(features, table), _tree_columns(features)])
+
+
+def _tree_columns(features: pd.DataFrame) -> np.ndarray:
+    """The columns `tree_basis` adds to the plain basis."""
+    missing = [name for name in (*TREE_PROBLEM_FEATURES, *(n for pair in TREE_TILE_FRACTIONS
+                                                           for n in pair))
+               if name not in features.columns]
+    if missing:
+        raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
+    problem = np.log2(np.maximum(features[list(TREE_PROBLEM_FEATURES)].to_numpy(np.float64),
+                                 1e-3))
+    fractions = np.log2(np.column_stack([
+        np.maximum(features[tile].to_numpy(np.float64), 1.0)
+        / np.maximum(features[size].to_numpy(np.float64), 1.0)
+        for tile, size in TREE_TILE_FRACTIONS]))
+    return np.hstack([problem, fractions])
+
+
+def tree_basis_names() -> list[str]:
+    """Names of the `tree_basis` columns."""
+    return [*basis_names(), *(f"log2_{n}" for n in TREE_PROBLEM_FEATURES),
+            *(f"log2_{tile}_over_{size}" for tile, size in TREE_TILE_FRACTIONS)]
+
+
 def interleave(scores: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
     """Scores of the order that takes each pipeline's best remaining row in turn: minus a row's
     rank within its own pipeline (tied rows share their mean rank), so the first rows of every
@@ -170,14 +216,16 @@ class PairwiseModel(CostModel):
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
                  seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
                  listwise: float = 0.0, pipeline_terms: bool = False,
-                 pipeline_rankers: Sequence[str] = ()) -> None:
+                 pipeline_rankers: Sequence[str] = (), tree_weight: float = 0.0) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
-                and listwise >= 0):
+                and listwise >= 0 and 0 <= tree_weight <= 1):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
-                             "hard_negatives >= 0 and listwise >= 0")
+                             "hard_negatives >= 0, listwise >= 0 and 0 <= tree_weight <= 1")
         unknown = [name for name in pipeline_rankers if name not in PIPELINES]
         if unknown or len(set(pipeline_rankers)) != len(pipeline_rankers):
             raise InputError(f"pipeline_rankers take distinct names of {', '.join(PIPELINES)}")
+        if tree_weight and not pipeline_rankers:
+            raise InputError("tree_weight needs pipeline_rankers (the trees rank within one)")
         # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
         self.listwise = float(listwise)
@@ -190,10 +238,14 @@ class PairwiseModel(CostModel):
             self.params["pipeline_terms"] = True
         if pipeline_rankers:
             self.params["pipeline_rankers"] = list(pipeline_rankers)
+        if tree_weight:
+            self.params["tree_weight"] = float(tree_weight)
         self.seed = seed
         self.weights: np.ndarray | None = None
         #: Pipeline -> weights on the plain `basis` of that pipeline's rows (`pipeline_rankers`).
         self.rankers: dict[str, np.ndarray] = {}
+        #: Pipeline -> LambdaRank trees on `tree_basis` of that pipeline's rows (`tree_weight`).
+        self.trees: dict[str, TreeArrays] = {}
         self.training_rows = 0
         self.metadata: dict[str, Any] = {"target_kinds": ["gpu"]}
 
@@ -208,6 +260,10 @@ class PairwiseModel(CostModel):
     @property
     def pipeline_rankers(self) -> list[str]:
         return list(self.params.get("pipeline_rankers", []))
+
+    @property
+    def tree_weight(self) -> float:
+        return float(self.params.get("tree_weight", 0.0))
 
     @property
     def fitted(self) -> bool:
@@ -226,7 +282,8 @@ class PairwiseModel(CostModel):
         `_fit_listwise` and the stored weights are the mean of the two unit weight vectors (one
         weight array as before; held out this helps: docs/gpu_order.md, part 7). Each of
         `pipeline_rankers` is then fit the same way on the groups whose POSITIVE row has that
-        pipeline, on their rows of that pipeline only (the `table` is needed)."""
+        pipeline, on their rows of that pipeline only (the `table` is needed), and with
+        `tree_weight` > 0 gets LambdaRank trees fit on the same rows (`_fit_trees`)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
@@ -272,23 +329,62 @@ class PairwiseModel(CostModel):
                         for name in self.pipeline_rankers}
         return self
 
-    def _fit_ranker(self, name: str, features: pd.DataFrame, y: np.ndarray, g: np.ndarray,
-                    table: pd.DataFrame | None) -> np.ndarray:
-        """Weights of the ranker of pipeline `name` (see `fit`)."""
+    def _own_rows(self, name: str, y: np.ndarray, g: np.ndarray,
+                  table: pd.DataFrame | None) -> np.ndarray:
+        """Rows of pipeline `name` in the groups whose POSITIVE row has that pipeline."""
         if table is None or "pipeline" not in table:
             raise InputError("pipeline rankers need the candidate table's pipeline column")
         pipeline = table["pipeline"].astype(str).to_numpy()
         own = np.isin(g, pd.unique(g[(y >= POSITIVE) & (pipeline == name)])) & (pipeline == name)
         if not own.any():
             raise InputError(f"no expert configuration uses {name}: its ranker cannot be fit")
+        return np.flatnonzero(own)
+
+    def _fit_ranker(self, name: str, features: pd.DataFrame, y: np.ndarray, g: np.ndarray,
+                    table: pd.DataFrame | None) -> np.ndarray:
+        """Weights of the ranker of pipeline `name` (see `fit`); its trees too (`tree_weight`)."""
+        rows = self._own_rows(name, y, g, table)
+        assert table is not None
         ranker = PairwiseModel(self.params["c"], self.params["pairs"], self.params["weak_weight"],
                                self.seed, hard_negatives=self.hard_negatives,
                                listwise=self.listwise)
-        rows = np.flatnonzero(own)
         ranker.fit(features.iloc[rows], y[rows], g[rows], table.iloc[rows])
         assert ranker.weights is not None
         self.training_rows += ranker.training_rows
+        if self.tree_weight:
+            self.trees[name] = self._fit_trees(features.iloc[rows], y[rows], g[rows],
+                                               table.iloc[rows])
         return ranker.weights
+
+    def _fit_trees(self, features: pd.DataFrame, y: np.ndarray, g: np.ndarray,
+                   table: pd.DataFrame) -> TreeArrays:
+        """LightGBM LambdaRank trees on `tree_basis` (computed per group), one query per group
+        with a POSITIVE row: its positive rows (relevance 1) and up to `TREE_NEGATIVES` of its
+        other rows drawn at random (relevance 0; IREE's default counts as another row).
+        Nonlinear where the linear ranker is not: which tile a dispatch of this size wants
+        depends on the size (held out, blended into the linear score: docs/gpu_order.md,
+        part 16)."""
+        import lightgbm
+
+        rng = np.random.default_rng(self.seed)
+        xs, labels, sizes = [], [], []
+        for group in pd.unique(g):
+            rows = np.flatnonzero(g == group)
+            positive = y[rows] >= POSITIVE
+            if not positive.any():
+                continue
+            others = rows[~positive]
+            pick = np.concatenate([rows[positive], rng.choice(
+                others, min(TREE_NEGATIVES, len(others)), replace=False)])
+            x = tree_basis(features.iloc[rows], table.iloc[rows])
+            xs.append(x[np.searchsorted(rows, pick)])
+            labels.append((y[pick] >= POSITIVE).astype(int))
+            sizes.append(len(pick))
+        ranker = lightgbm.LGBMRanker(objective="lambdarank", random_state=self.seed, verbose=-1,
+                                     deterministic=True, force_row_wise=True, **TREE_SETTINGS)
+        ranker.fit(np.vstack(xs), np.concatenate(labels), group=sizes)
+        self.training_rows += int(sum(sizes))
+        return TreeArrays.from_lightgbm(ranker.booster_.dump_model(), len(tree_basis_names()))
 
     def _fit_listwise(self, z: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
         """Weights maximising, over the groups with a POSITIVE row, the softmax probability of the
@@ -345,12 +441,27 @@ class PairwiseModel(CostModel):
         # The shared score (standardised over the whole set) only for rows no ranker orders.
         scores = (np.zeros(len(features)) if np.isin(pipeline, list(self.rankers)).all()
                   else self._shared_scores(features, table))
-        for name, weights in self.rankers.items():
+        for name in self.rankers:
             rows = np.flatnonzero(pipeline == name)
             if len(rows):
-                own = basis(features.iloc[rows], table.iloc[rows])
-                scores[rows] = np.round(own @ weights, 9)
+                scores[rows] = self._ranker_scores(name, features.iloc[rows], table.iloc[rows])
         return interleave(scores, pipeline)
+
+    def _ranker_scores(self, name: str, features: pd.DataFrame, table: pd.DataFrame
+                       ) -> np.ndarray:
+        """Scores of one pipeline's rows of a candidate set by that pipeline's ranker: its linear
+        score, blended with its trees' (both standardised over the rows, `tree_weight` to the
+        trees) except on attention, where the trees lose held out (docs/gpu_order.md, part 16)."""
+        own = basis(features, table)
+        linear = own @ self.rankers[name]
+        trees = self.trees.get(name)
+        if trees is None or bool(features["kind_attention"].to_numpy().any()):
+            # Rounded so that candidates equal on every basis feature tie exactly.
+            return np.round(linear, 9)
+        w = self.tree_weight
+        tree_scores = trees.predict(np.hstack([own, _tree_columns(features)]))
+        blended = (1 - w) * _standardised(linear) + w * _standardised(tree_scores)
+        return np.round(blended, 9)
 
     def _shared_scores(self, features: pd.DataFrame, table: pd.DataFrame | None) -> np.ndarray:
         assert self.weights is not None
@@ -366,9 +477,10 @@ class PairwiseModel(CostModel):
                 **{f"weights_{name}": self.rankers[name] for name in self.pipeline_rankers}}
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], params: dict[str, Any], seed: int = 0
-                    ) -> PairwiseModel:
-        """Rebuild from stored arrays (`weights`: one finite number per basis column)."""
+    def from_arrays(cls, arrays: dict[str, np.ndarray], params: dict[str, Any], seed: int = 0,
+                    trees: dict[str, TreeArrays] | None = None) -> PairwiseModel:
+        """Rebuild from stored arrays (`weights`: one finite number per basis column) and, with
+        `tree_weight`, each pipeline ranker's `trees` (checked ones, over `tree_basis_names`)."""
         model = cls(seed=seed, **params)
         size = len(basis_names(model.kind_terms, model.pipeline_terms))
         values = np.asarray(arrays["weights"], dtype=np.float64)
@@ -381,4 +493,8 @@ class PairwiseModel(CostModel):
             if ranker.shape != (plain,) or not np.isfinite(ranker).all():
                 raise InputError(f"pairwise array 'weights_{name}' must hold {plain} finite numbers")
             model.rankers[name] = ranker
+            if model.tree_weight:
+                if trees is None or name not in trees:
+                    raise InputError(f"pairwise model with tree_weight lacks the trees of {name}")
+                model.trees[name] = trees[name]
         return model

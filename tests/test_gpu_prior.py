@@ -103,6 +103,9 @@ def test_shipped_gfx942_prior_is_the_default_and_finds_an_expert() -> None:
     model, where = model_for_target("gfx942")
     assert isinstance(model, PairwiseModel) and where == "installed default model gfx942.json"
     assert "expert_order_lofo.py" in model.metadata["command"]
+    # Each pipeline's ranker is blended with its trees (docs/gpu_order.md, part 16).
+    assert set(model.trees) == set(model.pipeline_rankers) == {"VectorDistribute", "TileAndFuse"}
+    assert 0 < model.tree_weight < 1
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / FIXTURE_SPEC)}
     entry = entries[FIXTURE_MATCHER]
     assert entry.problem is not None
@@ -320,6 +323,53 @@ def test_pipeline_rankers_order_their_pipeline_and_interleave(tmp_path: Path) ->
         PairwiseModel(pipeline_rankers=["TileAndFuse"]).fit(
             features, np.where(np.arange(len(features)) == vector[0], POSITIVE, 0.0),
             np.zeros(len(features)), cands.table)
+
+
+def test_ranker_trees_blend_into_contractions_but_not_attention(tmp_path: Path) -> None:
+    """With `tree_weight` a pipeline ranker also fits LambdaRank trees on its rows: the linear
+    weights are those of the same model without trees, contraction scores blend the two, the
+    expert stays early, attention keeps the linear order, and the model file keeps the trees (and
+    refuses a file that lost them or whose tree basis differs)."""
+    cands = _small()
+    pipelines = cands.table["pipeline"].astype(str).to_numpy()
+    features = extract_features(SMALL, GFX942, cands.table)
+    fused = np.flatnonzero(pipelines == "TileAndFuse")
+    labels = np.where(np.arange(len(features)) == fused[len(fused) // 2], POSITIVE, 0.0)
+    groups = np.zeros(len(features))
+    with pytest.raises(InputError, match="tree_weight needs pipeline_rankers"):
+        PairwiseModel(tree_weight=0.5)
+    with pytest.raises(InputError, match="tree_weight <= 1"):
+        PairwiseModel(pipeline_rankers=["TileAndFuse"], tree_weight=2.0)
+    linear = PairwiseModel(c=1.0, pipeline_rankers=["TileAndFuse"]).fit(
+        features, labels, groups, cands.table)
+    model = PairwiseModel(c=1.0, pipeline_rankers=["TileAndFuse"], tree_weight=0.5).fit(
+        features, labels, groups, cands.table)
+    assert set(model.trees) == {"TileAndFuse"} and not linear.trees
+    assert np.array_equal(model.rankers["TileAndFuse"], linear.rankers["TileAndFuse"])
+    scores = model.predict_candidates(features, cands.table)
+    assert not np.array_equal(scores, linear.predict_candidates(features, cands.table))
+    order = np.argsort(-scores, kind="stable")
+    assert int(np.flatnonzero(order == fused[len(fused) // 2])[0]) < 0.05 * len(order)
+
+    attention = Problem.attention(2, 256, 64, 64, 256, "f16")
+    att_table = enumerate_candidates(attention, GFX942).table
+    att = extract_features(attention, GFX942, att_table)
+    assert np.array_equal(model.predict_candidates(att, att_table),
+                          linear.predict_candidates(att, att_table))
+
+    path = save_model(model, tmp_path / "m.json")
+    loaded = load_cost_model(path)
+    assert isinstance(loaded, PairwiseModel) and loaded.tree_weight == 0.5
+    assert np.array_equal(loaded.predict_candidates(features, cands.table), scores)
+    document = json.loads(path.read_text())
+    document["model"]["trees_TileAndFuse"]["basis"][-1] = "log2_something_else"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="tree basis"):
+        load_cost_model(path)
+    del document["model"]["trees_TileAndFuse"]
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="trees_TileAndFuse"):
+        load_cost_model(path)
 
 
 def test_rank_a_gfx942_product_from_the_cli_uses_the_gfx942_prior(tmp_path: Path) -> None:
