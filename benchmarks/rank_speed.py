@@ -29,8 +29,10 @@ DEFAULT_CONV = "2,128,128,640,640,3,3,f16"
 
 def conv(spec: str) -> Problem:
     """The `--conv` problem: seven sizes and an operand type, comma-separated."""
-    *sizes, element = spec.split(",")
-    return Problem.conv2d_nhwc_hwcf(*(int(size) for size in sizes), element)
+    *text, element = spec.split(",")
+    batch, out_h, out_w, channels, filters, kernel_h, kernel_w = (int(size) for size in text)
+    return Problem.conv2d_nhwc_hwcf(batch, out_h, out_w, channels, filters, kernel_h, kernel_w,
+                                    element)
 
 
 def run(source: Path, model: Path | None, filters: bool) -> tuple[float, int]:

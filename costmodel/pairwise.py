@@ -18,7 +18,10 @@ score. A model may also hold rankers of its own for the rows of named pipelines
 expert used that pipeline and only on that pipeline's rows, and the order then takes the
 pipelines' own orders in turn (`interleave`): spec files of different years disagree on the
 pipeline for the same dispatch, and nothing in a dispatch tells which a GPU will prefer, so the
-first candidates hedge between them (docs/gpu_order.md, part 15). The weight arrays are saved by
+first candidates hedge between them (docs/gpu_order.md, part 15). With `tree_weight` each ranker
+also holds LightGBM LambdaRank trees, which also see the problem's sizes; on contractions and
+convolutions a ranker's score is then that share of the trees' score and the rest of its linear
+one (part 16). The weight arrays are saved by
 `costmodel/modelfile.py` as the "pairwise" kind. See
 docs/gpu_order.md for how the shipped gfx942 model is trained and how it does on held-out spec
 files.
@@ -160,14 +163,11 @@ def basis_names(kind_terms: bool = False, pipeline_terms: bool = False) -> list[
     return names
 
 
-def tree_basis(features: pd.DataFrame, table: pd.DataFrame | None = None) -> np.ndarray:
+def tree_basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
+               plain: np.ndarray | None = None) -> np.ndarray:
     """Rows x `tree_basis_names()`: the plain `basis` of the rows given (one candidate set of one
-    pipeline), then the `TREE_PROBLEM_FEATURES` and `TREE_TILE_FRACTIONS` as log2 (floored)."""
-    return np.hstack([basis(features, table), _tree_columns(features)])
-
-
-def _tree_columns(features: pd.DataFrame) -> np.ndarray:
-    """The columns `tree_basis` adds to the plain basis."""
+    pipeline; `plain` if already computed), then the `TREE_PROBLEM_FEATURES` and
+    `TREE_TILE_FRACTIONS` as log2 (floored)."""
     missing = [name for name in (*TREE_PROBLEM_FEATURES, *(n for pair in TREE_TILE_FRACTIONS
                                                            for n in pair))
                if name not in features.columns]
@@ -179,7 +179,7 @@ def _tree_columns(features: pd.DataFrame) -> np.ndarray:
         np.maximum(features[tile].to_numpy(np.float64), 1.0)
         / np.maximum(features[size].to_numpy(np.float64), 1.0)
         for tile, size in TREE_TILE_FRACTIONS]))
-    return np.hstack([problem, fractions])
+    return np.hstack([basis(features, table) if plain is None else plain, problem, fractions])
 
 
 def tree_basis_names() -> list[str]:
@@ -329,7 +329,8 @@ class PairwiseModel(CostModel):
                         for name in self.pipeline_rankers}
         return self
 
-    def _own_rows(self, name: str, y: np.ndarray, g: np.ndarray,
+    @staticmethod
+    def _own_rows(name: str, y: np.ndarray, g: np.ndarray,
                   table: pd.DataFrame | None) -> np.ndarray:
         """Rows of pipeline `name` in the groups whose POSITIVE row has that pipeline."""
         if table is None or "pipeline" not in table:
@@ -459,7 +460,7 @@ class PairwiseModel(CostModel):
             # Rounded so that candidates equal on every basis feature tie exactly.
             return np.round(linear, 9)
         w = self.tree_weight
-        tree_scores = trees.predict(np.hstack([own, _tree_columns(features)]))
+        tree_scores = trees.predict(tree_basis(features, table, plain=own))
         blended = (1 - w) * _standardised(linear) + w * _standardised(tree_scores)
         return np.round(blended, 9)
 
