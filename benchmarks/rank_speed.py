@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from dispatchtune.costmodel.defaults import default_model_path
-from dispatchtune.problem import Problem
+from dispatchtune.errors import DispatchTuneError
+from dispatchtune.problem import Problem, element_bytes
 
 DEFAULT_CONV = "2,128,128,640,640,3,3,f16"
 
@@ -30,9 +31,13 @@ DEFAULT_CONV = "2,128,128,640,640,3,3,f16"
 def conv(spec: str) -> Problem:
     """The `--conv` problem: seven sizes and an operand type, comma-separated."""
     *text, element = spec.split(",")
-    batch, out_h, out_w, channels, filters, kernel_h, kernel_w = (int(size) for size in text)
-    return Problem.conv2d_nhwc_hwcf(batch, out_h, out_w, channels, filters, kernel_h, kernel_w,
-                                    element)
+    try:
+        batch, out_h, out_w, channels, filters, kernel_h, kernel_w = (int(size) for size in text)
+        element_bytes(element)  # an unknown type fails here, not inside the first run
+        return Problem.conv2d_nhwc_hwcf(batch, out_h, out_w, channels, filters, kernel_h,
+                                        kernel_w, element)
+    except (ValueError, DispatchTuneError) as exc:
+        raise argparse.ArgumentTypeError(f"expected seven sizes and a type ({exc})") from exc
 
 
 def run(source: Path, model: Path | None, filters: bool) -> tuple[float, int]:
@@ -51,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--keep-filters", action="store_true",
                         help="IREE's filtered space instead of the whole one")
-    parser.add_argument("--conv", default=DEFAULT_CONV, help="the convolution to rank")
+    parser.add_argument("--conv", type=conv, default=DEFAULT_CONV, help="the convolution to rank")
     args = parser.parse_args(argv)
-    problem = conv(args.conv)
+    problem: Problem = args.conv
     models: list[Path | None] = list(args.models) or [None]
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "conv.mlir"

@@ -381,3 +381,18 @@ def test_rank_a_gfx942_product_from_the_cli_uses_the_gfx942_prior(tmp_path: Path
     assert proc.returncode == 0, proc.stderr
     assert "installed default model gfx942.json" in proc.stderr
     assert [json.loads(line)["rank"] for line in proc.stdout.splitlines()] == [0, 1]
+
+
+def test_rank_speed_benchmark_times_rank_json_and_refuses_a_bad_conv(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`benchmarks/rank_speed.py` runs the CLI as a user does and prints every model's times; a
+    malformed `--conv` is argparse's one-line error."""
+    from dispatchtune.benchmarks import rank_speed
+
+    assert rank_speed.main(["--conv", "1,8,8,64,64,1,1,f16", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "candidates, 1 runs per model" in out and "gfx942.json (shipped) |" in out
+    with pytest.raises(SystemExit) as exit_info:
+        rank_speed.main(["--conv", "1,8,8,64,64,1,1,x9"])
+    assert exit_info.value.code == 2
+    assert "unsupported element type 'x9'" in capsys.readouterr().err
