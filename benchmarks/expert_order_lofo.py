@@ -14,7 +14,8 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   expert used that pipeline, and the pipelines' orders taken in turn; `--pipeline-rankers` saves
   it; with `--tree-weight W` each ranker's linear score is blended with LambdaRank trees).
 `--priors` picks the variants to fit. An expert another file repeats (same dispatch, same
-configuration) is held out together with the file being held out.
+configuration) is held out together with the file being held out. `--folds K` holds the files
+out K groups at a time instead (fewer fits when there are many files).
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
 `--save FILE` then trains the prior on every file and writes it as a model file (the shipped
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
@@ -22,7 +23,7 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
-           [--tree-weight W] [--save costmodel/models/gfx942.json]
+           [--tree-weight W] [--folds K] [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 15-16 of docs/gpu_order.md: SPECS14 holds the six shared files
 and eight public ones): SPECS14 --cache DIR --no-heuristic-filters --hard-negatives 50 --listwise
 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
@@ -124,6 +125,14 @@ def default_mask(problem: Problem, table: pd.DataFrame, cache: Path) -> np.ndarr
     return expert_mask(table, columns)[0]
 
 
+def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:
+    """The files held out together in each fit: one at a time (`folds` 0), else `folds` groups
+    dealt in turn from the sorted names (so every group mixes sources and eras alike)."""
+    if folds == 0 or folds >= len(names):
+        return [[name] for name in names]
+    return [list(names[i::folds]) for i in range(folds)]
+
+
 def grid_score(f: pd.DataFrame, acc: float, k_bytes: float, sg: float, occ: float, wq: int) -> np.ndarray:
     s = _log(1 - f["padding_waste"]) + _log(f["wg_intensity"] / 32.0)
     s = s + 2 * _log(256.0 / (f["acc_registers"] + 32.0)) + 0.5 * _log(f["acc_registers"] / acc)
@@ -213,9 +222,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tree-weight", type=float, default=0.0, metavar="W",
                         help="prior_interleaved: blend each pipeline ranker with LambdaRank "
                         "trees, W to the trees (0: off; attention keeps the linear score)")
+    parser.add_argument("--folds", type=int, default=0, metavar="K",
+                        help="hold the files out K groups at a time (sorted names dealt in turn) "
+                        "instead of one at a time (0); fewer fits on many files")
+    parser.add_argument("--per-expert", type=Path, metavar="CSV",
+                        help="also write each expert's held-out position / N per order here")
     parser.add_argument("--priors", default=",".join(PRIORS),
                         help=f"comma-separated priors to evaluate (of {','.join(PRIORS)})")
     args = parser.parse_args(argv)
+    if args.folds == 1 or args.folds < 0:
+        parser.error("--folds takes 0 (one file at a time) or at least 2")
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
@@ -230,8 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
                      for g in GRID]) if args.grid else np.zeros((0, len(data)))
     designs = [design(d[2], d[3]) for d in data]
-    for held in sorted(set(files)):
-        tested = files == held
+    held_out_sets = held_out_groups(sorted(set(files.tolist())), args.folds)
+    for held in held_out_sets:
+        tested = np.isin(files, held)
         # An expert another file repeats (same dispatch, same configuration) is held out too.
         train = ~tested & ~np.isin(identities, identities[tested])
         training = [d for d, t in zip(data, train, strict=True) if t]
@@ -250,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, model in models.items():
                 scores = model.predict_candidates(data[j][3], data[j][2])
                 fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
-        print(f"held out {held}", file=sys.stderr)
+        print(f"held out {', '.join(held)}", file=sys.stderr)
     rows = []
     groups: list[tuple[str, np.ndarray]] = [("all", np.ones(len(data), bool))]
     groups += [("contraction+convolution", kinds != "attention")]  # part 2's set, comparable
@@ -266,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(row)
     report = pd.DataFrame(rows)
     print(markdown(report))
+    if args.per_expert:
+        pipelines = [str(d[2]["pipeline"].astype(str).to_numpy()[d[4]][0]) for d in data]
+        pd.DataFrame({"file": files, "kind": kinds, "pipeline": pipelines,
+                      "expert": identities, **fraction}).to_csv(args.per_expert, index=False)
     defaults = sum(int(d[5].any()) for d in data)
     print(f"\n{len(data)} experts in space; IREE's default found in {defaults} of their spaces",
           file=sys.stderr)
@@ -296,7 +317,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "tree_weight": args.tree_weight,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
-            "leave_one_file_out": held_out,
+            "leave_one_file_out" if all(len(g) == 1 for g in held_out_sets)
+            else f"held_out_in_{len(held_out_sets)}_file_folds": held_out,
         })
         print(f"model written to {args.save}", file=sys.stderr)
     return 0

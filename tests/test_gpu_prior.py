@@ -396,3 +396,19 @@ def test_rank_speed_benchmark_times_rank_json_and_refuses_a_bad_conv(
         rank_speed.main(["--conv", "1,8,8,64,64,1,1,x9"])
     assert exit_info.value.code == 2
     assert "unsupported element type 'x9'" in capsys.readouterr().err
+
+
+def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`expert_order_lofo.py --folds K` holds files out K groups at a time, every file once."""
+    from dispatchtune.benchmarks.expert_order_lofo import held_out_groups, main
+
+    names = [f"f{i}.mlir" for i in range(7)]
+    assert held_out_groups(names, 0) == [[n] for n in names]
+    assert held_out_groups(names, 3) == [["f0.mlir", "f3.mlir", "f6.mlir"],
+                                         ["f1.mlir", "f4.mlir"], ["f2.mlir", "f5.mlir"]]
+    assert held_out_groups(names, 9) == [[n] for n in names]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["specs", "--folds", "1"])
+    assert exit_info.value.code == 2
+    assert "--folds takes 0" in capsys.readouterr().err
