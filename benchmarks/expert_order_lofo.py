@@ -23,11 +23,11 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
-           [--tree-weight W] [--folds K] [--save costmodel/models/gfx942.json]
-The shipped prior's command (parts 15-16 of docs/gpu_order.md: SPECS14 holds the six shared files
-and eight public ones): SPECS14 --cache DIR --no-heuristic-filters --hard-negatives 50 --listwise
-0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
---save costmodel/models/gfx942.json.
+           [--tree-weight W] [--folds K] [--per-expert CSV] [--save costmodel/models/gfx942.json]
+The shipped prior's command (part 17 of docs/gpu_order.md: SPECS31 holds the six shared files and
+25 public ones; 24 min, 22 GB of memory at peak): SPECS31 --cache DIR --no-heuristic-filters
+--hard-negatives 50 --listwise 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
+--folds 4 --save costmodel/models/gfx942.json.
 """
 
 from __future__ import annotations
@@ -284,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = pd.DataFrame(rows)
     print(markdown(report))
     if args.per_expert:
+        args.per_expert.parent.mkdir(parents=True, exist_ok=True)
         pipelines = [str(d[2]["pipeline"].astype(str).to_numpy()[d[4]][0]) for d in data]
         pd.DataFrame({"file": files, "kind": kinds, "pipeline": pipelines,
                       "expert": identities, **fraction}).to_csv(args.per_expert, index=False)
