@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from benchmarks.expert_order import (
+from dispatchtune.benchmarks.expert_order import (
     TARGET,
     candidate_table,
     expected_position,
