@@ -125,6 +125,18 @@ def default_mask(problem: Problem, table: pd.DataFrame, cache: Path) -> np.ndarr
     return expert_mask(table, columns)[0]
 
 
+def writable(path: Path) -> bool:
+    """Whether a file can be written at `path` (its directory is created if need be)."""
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return not path.is_dir() and os.access(path.parent, os.W_OK) and (
+        not path.exists() or os.access(path, os.W_OK))
+
+
 def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:
     """The files held out together in each fit: one at a time (`folds` 0), else `folds` groups
     dealt in turn from the sorted names (so every group mixes sources and eras alike)."""
@@ -232,6 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.folds == 1 or args.folds < 0:
         parser.error("--folds takes 0 (one file at a time) or at least 2")
+    # Outputs are checked before the fits, which take minutes to hours, not after them.
+    for option, path in (("--per-expert", args.per_expert), ("--save", args.save)):
+        if path is not None and not writable(path):
+            parser.error(f"{option} {path}: cannot write there")
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
@@ -284,7 +300,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = pd.DataFrame(rows)
     print(markdown(report))
     if args.per_expert:
-        args.per_expert.parent.mkdir(parents=True, exist_ok=True)
         pipelines = [str(d[2]["pipeline"].astype(str).to_numpy()[d[4]][0]) for d in data]
         pd.DataFrame({"file": files, "kind": kinds, "pipeline": pipelines,
                       "expert": identities, **fraction}).to_csv(args.per_expert, index=False)

@@ -412,3 +412,19 @@ def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         main(["specs", "--folds", "1"])
     assert exit_info.value.code == 2
     assert "--folds takes 0" in capsys.readouterr().err
+
+
+def test_lofo_refuses_unwritable_outputs_before_fitting(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--per-expert` and `--save` paths that cannot be written end the script at once with one
+    line, before any spec file is read (the fits take minutes to hours)."""
+    from dispatchtune.benchmarks.expert_order_lofo import main
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a directory")
+    for option, path in (("--per-expert", blocker / "experts.csv"), ("--save", tmp_path)):
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(tmp_path / "no_specs"), option, str(path)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"{option} {path}: cannot write there" in err and "Traceback" not in err
