@@ -69,9 +69,11 @@ PIPELINES: tuple[str, ...] = ("VectorDistribute", "TileAndFuse")
 #: attention, whether P changes layout between its two matmuls (both from IREE's intrinsic
 #: layouts; held out they order attention's intrinsic pairs: docs/gpu_order.md, part 10) and how
 #: many workgroups recompute one Q x K^T block because they split the value head dim
-#: (`qk_recompute`, part 12). A table without a column (CPU, contractions, older enumerations)
-#: gives 0, which standardises away.
-TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute")
+#: (`qk_recompute`, part 12); and whether a convolution row lowers as an implicit GEMM (`igemm`:
+#: every TileAndFuse convolution expert of the 31 public spec files does, and its features alone
+#: do not tell the two lowerings apart, part 18). A table without a column (CPU, contractions,
+#: older enumerations) gives 0, which standardises away.
+TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute", "igemm")
 #: What a pipeline ranker's trees (`tree_weight`) read beside the basis: log2 of the problem's
 #: sizes and operand width and its kind, so that a split can depend on the dispatch (the basis is
 #: standardised within it), and log2 of each workgroup tile over its problem size.
