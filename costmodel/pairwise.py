@@ -70,9 +70,9 @@ PIPELINES: tuple[str, ...] = ("VectorDistribute", "TileAndFuse")
 #: layouts; held out they order attention's intrinsic pairs: docs/gpu_order.md, part 10) and how
 #: many workgroups recompute one Q x K^T block because they split the value head dim
 #: (`qk_recompute`, part 12); and whether a convolution row lowers as an implicit GEMM (`igemm`:
-#: every TileAndFuse convolution expert of the 31 public spec files does, and its features alone
-#: do not tell the two lowerings apart, part 18). A table without a column (CPU, contractions,
-#: older enumerations) gives 0, which standardises away.
+#: every TileAndFuse convolution expert of the 31 public spec files does; the features see the
+#: lowering only through what it moves, the K tile and its trips: part 18). A table without a
+#: column (CPU, contractions, older enumerations) gives 0, which standardises away.
 TABLE_COLUMNS: tuple[str, ...] = ("operand_bits", "p_relayout", "qk_recompute", "igemm")
 #: What a pipeline ranker's trees (`tree_weight`) read beside the basis: log2 of the problem's
 #: sizes and operand width and its kind, so that a split can depend on the dispatch (the basis is
