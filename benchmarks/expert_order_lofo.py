@@ -24,8 +24,8 @@ Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
            [--tree-weight W] [--folds K] [--per-expert CSV] [--save costmodel/models/gfx942.json]
-The shipped prior's command (part 17 of docs/gpu_order.md: SPECS31 holds the six shared files and
-25 public ones; 24 min, 22 GB of memory at peak): SPECS31 --cache DIR --no-heuristic-filters
+The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
+25 public ones; 27 min, 19 GB of memory at peak): SPECS31 --cache DIR --no-heuristic-filters
 --hard-negatives 50 --listwise 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
 --folds 4 --save costmodel/models/gfx942.json.
 """
@@ -49,6 +49,7 @@ from dispatchtune.benchmarks.expert_order import (
     feature_target,
     markdown,
 )
+from dispatchtune.cli.options import output_file
 from dispatchtune.costmodel.heuristic import HeuristicModel, _log
 from dispatchtune.costmodel.pairwise import PIPELINES, POSITIVE, WEAK_POSITIVE, PairwiseModel
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
@@ -123,18 +124,6 @@ def default_mask(problem: Problem, table: pd.DataFrame, cache: Path) -> np.ndarr
     if "error" in columns or not columns:
         return np.zeros(len(table), dtype=bool)
     return expert_mask(table, columns)[0]
-
-
-def writable(path: Path) -> bool:
-    """Whether a file can be written at `path` (its directory is created if need be)."""
-    import os
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return not path.is_dir() and os.access(path.parent, os.W_OK) and (
-        not path.exists() or os.access(path, os.W_OK))
 
 
 def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:
@@ -245,9 +234,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.folds == 1 or args.folds < 0:
         parser.error("--folds takes 0 (one file at a time) or at least 2")
     # Outputs are checked before the fits, which take minutes to hours, not after them.
-    for option, path in (("--per-expert", args.per_expert), ("--save", args.save)):
-        if path is not None and not writable(path):
-            parser.error(f"{option} {path}: cannot write there")
+    for option, path, example in (("--per-expert", args.per_expert, "experts.csv"),
+                                  ("--save", args.save, "gfx942.json")):
+        try:
+            if path is not None:
+                output_file(path, option, example)
+        except DispatchTuneError as exc:
+            parser.error(f"{option} {path}: cannot write there ({exc})")
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
