@@ -557,6 +557,24 @@ def _unit_shapes(maps: list[str]) -> list[tuple[int, ...]]:
     return [tuple(-1 for _ in _loops(_MAP.search(m).group(2))) for m in maps]  # type: ignore[union-attr]
 
 
+def _dag_attention_layout(body: str) -> tuple[tuple[int, ...], ...] | None:
+    """The loops of Q, K, V and O in an `iree_linalg_ext.attention` a DAG matcher spells out
+    (maps with named dimensions allowed), or None when the text has no such op."""
+    dag = re.search(r"iree_linalg_ext\.attention\s*\{\s*indexing_maps\s*=\s*\[(.*?)\]\s*\}",
+                    body, re.DOTALL)
+    if dag is None:
+        return None
+    maps = re.findall(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>", dag.group(1))
+    layout = []
+    for dims_text, results_text in maps:
+        dims = [d.strip() for d in dims_text.split(",")]
+        results = [r.strip() for r in results_text.split(",") if r.strip()]
+        if results:  # the scale's map has no results
+            layout.append(tuple(dims.index(r) if r in dims else -1 for r in results))
+    # Q, K, V, [mask], O: the mask's map sits between V and O.
+    return (*layout[:3], layout[-1]) if len(layout) >= 4 else ()
+
+
 def attention_problem(shape: tuple[int, ...], element_type: str, name: str = "") -> Problem:
     """An SDXL-layout attention (`_SDXL_ATTENTION_MAPS`) of sizes (B, H, M, N, K1, K2)."""
     names = [f"d{i}" for i in range(6)]
@@ -581,13 +599,18 @@ def _attention_problems(body: str, name: str) -> list[Problem]:
     multiples = [(operands[v], int(d), int(n)) for v, d, n in
                  re.findall(r"dim_is_multiple_of\s+%(\w+)\[(\d+)\],\s*(\d+)", body)
                  if v in operands]
-    query = re.search(r"query_type\s*=\s*(\w+)", body)
-    element = query.group(1) if query else casts.get(0, ((), ""))[1]
-    if not element:
-        raise InputError(f"{name}: no query element type in the attention matcher")
     op = _attention_match_op(body)
     # The matcher's own layout when it states its maps; else the SDXL export's.
     own_layout = op is not None and len(_indexing_maps(_match_op(body, op)[0])) >= 5
+    if op is None and _dag_attention_layout(body) not in (None, _SDXL_ATTENTION_MAPS):
+        raise InputError(f"{name}: a shape-free attention DAG in a layout other than the SDXL "
+                         "export's")
+    query = re.search(r"query_type\s*=\s*(\w+)", body)
+    dag = re.search(r"\^bb0\(\s*%\w+\s*:\s*tensor<([^>]*)>", body)  # a DAG's first operand: Q
+    element = (query.group(1) if query else casts.get(0, ((), ""))[1]
+               or (_tensor(dag.group(1))[1] if dag else ""))
+    if not element:
+        raise InputError(f"{name}: no query element type in the attention matcher")
     found = []
     for shape in SDXL_ATTENTION_SHAPES:
         problem = (_matched_attention(body, name, shape) if own_layout
@@ -1067,9 +1090,9 @@ def _without_repeats(entries: list[ExpertEntry], order: Mapping[str, int]) -> li
     return kept
 
 
-#: A matcher of an attention op: IREE's match op or the op's name (either form of the op).
+#: A matcher of an attention op: IREE's match op, the op's name or the op in a DAG (either form).
 _ATTENTION_MATCHER = re.compile(
-    r"transform\.iree\.match\.(online_)?attention\b|\"iree_linalg_ext\.(online_)?attention\"")
+    r"transform\.iree\.match\.(online_)?attention\b|\biree_linalg_ext\.(online_)?attention\b")
 
 
 def _sequence_entries(
@@ -1079,15 +1102,23 @@ def _sequence_entries(
     config_text = _config_text(body)
     results = _RESULTS.search(body)
     yields_config = bool(results and "!transform.any_param" in results.group(1))
-    attention = _ATTENTION_MATCHER.search(body) is not None
+    # The op may be matched by an included helper (IREE's 2024-2025 default specs match any
+    # f16 attention in a helper and check its operand shapes in the matcher).
+    include = re.search(r"transform\.include\s+@(\w+)", body)
+    helper = helpers.get(include.group(1), "") if include else ""
+    attention = _ATTENTION_MATCHER.search(body) or _ATTENTION_MATCHER.search(helper)
     if attention and (config_text is not None or "TransformDialectCodegen" in body):
-        return _attention_entries(file, name, body, config_text or "")
+        return _attention_entries(file, name, f"{body}\n{helper}", config_text or "")
     if config_text is None:
         if yields_config:
             return [ExpertEntry(file, name, skipped="no compilation_info constant in the matcher")]
         return []  # a helper (op matcher, apply/entry sequence): no configuration of its own
     if "TransformDialectCodegen" in config_text:
         return [ExpertEntry(file, name, skipped="transform-dialect script, no config")]
+    if "lowering_strategy" in config_text:
+        # e.g. `cast_and_call_pingpong_matmul`: the op is replaced by a hand-written kernel.
+        return [ExpertEntry(file, name, skipped="custom lowering strategy, not a configuration "
+                            "of the space")]
     return [_entry(file, name, body, config_text, helpers)]
 
 

@@ -358,3 +358,24 @@ def test_experts_tuned_on_a_partition_see_its_share_of_the_compute_units() -> No
 
     assert feature_target("spec_gfx942_qpx_MI325.mlir").gpu_facts().compute_units == 304 // 4
     assert feature_target("spec_mi308_cpx.mlir").gpu_facts().compute_units == 80 // 8
+
+
+def test_attention_matched_by_an_included_helper_and_custom_kernels() -> None:
+    """IREE's 2024-2025 default specs match any f16 attention in a helper and size it in the
+    including matcher: read as the SDXL attentions the checks accept. A helper DAG in another
+    layout, and a matmul handed to a hand-written kernel, are skipped saying why."""
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "attention_via_helper.mlir")}
+    # K is [?, ?, 64, 64]: only the cross-attentions (K2 = 64 text tokens) match.
+    read = [e for e in entries.values() if e.usable]
+    assert [e.problem.loop_sizes for e in read if e.problem] == [
+        (2, 10, 4096, 64, 64, 64), (2, 20, 1024, 64, 64, 64)]
+    assert expert_columns(read[0]) == {
+        "pipeline": "VectorDistribute", "intrinsic": "VMFMA_F32_16x16x32_F16", "tile_b": 1,
+        "tile_m": 64, "tile_n": 64, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
+        "workgroup_threads": 256, "workgroups": 1280, "pv_intrinsic": "MFMA_F32_16x16x16_F16",
+    }
+    assert entries["match_attention_v_kn"].skipped.endswith(
+        "a shape-free attention DAG in a layout other than the SDXL export's")
+    assert entries["match_big_matmul_by_kernel"].skipped == (
+        "custom lowering strategy, not a configuration of the space")
+    assert "any_f16_attention" not in entries  # helpers yield no configuration
