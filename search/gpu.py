@@ -140,6 +140,16 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
     if key in _SOURCES:
         return _SOURCES[key]
     source: tuple[Problem, tuple[int, ...]] = (problem, ())
+    outer = _collapsed_attention_loops(problem)
+    if outer:
+        # Compiled on its own the op would have those loops collapsed (IREE's dispatch formation)
+        # and its template one entry fewer per loop than the op in a model's dispatch, where they
+        # stay: the constraints come from the op without them, and they get a tile of 1.
+        unbatched = without_loops(problem, outer)
+        if unbatched is not None:
+            constraints_module(unbatched, target)
+            _SOURCES[key] = (unbatched, outer)
+            return _SOURCES[key]
     # Loops IREE crashes on, each in every operand on its own: contraction batches, conv groups.
     batch = {"contraction": problem.loops("batch"),
              "convolution": problem.loops("depth")}.get(problem.kind, ())
@@ -157,13 +167,28 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
     return source
 
 
+def _collapsed_attention_loops(problem: Problem) -> tuple[int, ...]:
+    """An attention's batch loops but the innermost, and its M loops but the innermost.
+
+    IREE collapses each of those groups into one loop when it forms a dispatch of the op alone
+    (SDXL's batch x heads, a grouped-query attention's query groups x sequence), but a model's
+    dispatch may keep them (IREE's own configs of SDXL attention have 6 entries): the space is
+    stated over the op's own loops with a tile of 1 on these, IREE's default tile there.
+    """
+    if problem.kind != "attention":
+        return ()
+    return tuple(sorted(loop for cls in ("batch", "m") for loop in problem.loops(cls)[:-1]))
+
+
 def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
     """The same op without some loops (each indexing an operand dim on its own), or None."""
     dropped = set(loops)
     kept = [i for i in range(len(problem.loop_sizes)) if i not in dropped]
     renamed = {old: new for new, old in enumerate(kept)}
-    maps, shapes = [], []
-    for text, shape in zip(problem.indexing_maps, problem.operand_shapes, strict=True):
+    dims = ", ".join(f"d{i}" for i in range(len(kept)))
+
+    def reduced(text: str, shape: Sequence[int]) -> list[tuple[str, int]] | None:
+        """(result, size) of one map's results without the dropped loops (renumbered)."""
         results = text.split("->", 1)[1].strip().strip("()")
         exprs = [e.strip() for e in results.split(",")] if results.strip() else []
         if len(exprs) != len(shape):
@@ -177,16 +202,29 @@ def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
                 continue
             keep.append((re.sub(r"\bd(\d+)\b", lambda m: f"d{renamed[int(m.group(1))]}", expr),
                          size))
-        dims = ", ".join(f"d{i}" for i in range(len(kept)))
+        return keep
+
+    maps, shapes = [], []
+    for text, shape in zip(problem.indexing_maps, problem.operand_shapes, strict=True):
+        keep = reduced(text, shape)
+        if keep is None:
+            return None
         maps.append(f"({dims}) -> ({', '.join(e for e, _ in keep)})")
         shapes.append(tuple(size for _, size in keep))
+    mask_map = ""
+    if problem.mask_map:
+        mask = reduced(problem.mask_map, problem.mask_shape)
+        if mask is None:
+            return None
+        mask_map = f"({dims}) -> ({', '.join(e for e, _ in mask)})"
     return dataclasses.replace(
         problem,
         loop_sizes=tuple(problem.loop_sizes[i] for i in kept),
         dims={c: tuple(renamed[i] for i in ls if i in renamed) for c, ls in problem.dims.items()},
         operand_shapes=tuple(shapes),
         indexing_maps=tuple(maps),
-        op_name="linalg.generic",
+        mask_map=mask_map,
+        op_name=problem.op_name if problem.kind == "attention" else "linalg.generic",
     )
 
 
@@ -264,7 +302,16 @@ def gpu_spaces(
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             if batch:
                 space = _with_batch_loops(space, batch, problem.loop_sizes)
-            spaces.append(_with_unit_loops(space, problem))
+            space = _with_unit_loops(space, problem)
+            if space.kind == "attention" and len(space.loop_bounds) != len(problem.loop_sizes):
+                # Its configurations would tile other loops than the ones they name. (A
+                # convolution's unit batch loop is folded in its dispatch too, and a contraction's
+                # unit loops are restated above.)
+                logger.info("%s: IREE's %s template covers %d of the op's %d loops; left out",
+                            problem.describe(), space.pipeline, len(space.loop_bounds),
+                            len(problem.loop_sizes))
+                continue
+            spaces.append(space)
     if not spaces:
         raise DispatchTuneError(
             f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
@@ -875,9 +922,10 @@ def _attention_tiles(
     tile_n = tile(space.reduction, classes["k2"])
     tile_k = np.full(rows, math.prod(bounds[i] for i in classes["k1"]), dtype=np.int64)
     # Subgroups split M (and the value head dim N, `sg_n_cnt`, which IREE fixes to 1).
-    counts = dict(zip(("m", "n"), space.subgroup_counts[1:3], strict=False))
-    sub_m = value(counts.get("m", 1))
-    sub_n = value(counts.get("n", 1))
+    # Counts are per loop of the op (IREE's basis for attention has one entry per loop).
+    counts = space.subgroup_counts
+    sub_m = value(counts[classes["m"][-1]] if counts else 1)
+    sub_n = value(counts[classes["n"][-1]] if counts else 1)
     size = {c: math.prod(bounds[i] for i in classes[c]) for c in ("b", "m", "n")}
     # Workgroups that split the value head dim each compute the same Q x K^T block and its
     # softmax again: that work is done this many times over.
@@ -952,7 +1000,45 @@ def materialize(op: Any, assignments: Mapping[str, int], batch_loops: Sequence[i
         return info
     decomposition = iree_codegen.materialize_configuration_attr(
         op, DECOMPOSITION_KEY, dict(assignments))
+    if batch_loops:
+        decomposition = _decomposition_with_batch_loops(decomposition, batch_loops)
     return with_decomposition(info, decomposition)
+
+
+def _decomposition_with_batch_loops(decomposition: Any, loops: Sequence[int]) -> Any:
+    """An attention `decomposition_config` for the op with `loops` inserted: each matmul's
+    subgroup basis gets one subgroup along them.
+
+    Its counts have one entry per loop of the op and its mapping lists, in order, the op loops
+    of that matmul (Q x K^T leaves out N, P x V leaves out K1), which every inserted loop is in.
+    """
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_gpu
+
+    i64 = ir.IntegerType.get_signless(64)
+
+    def ints(values: Sequence[int]) -> Any:
+        return ir.ArrayAttr.get([ir.IntegerAttr.get(i64, int(v)) for v in values])
+
+    parts = ir.DictAttr(decomposition)
+    out = {parts[i].name: parts[i].attr for i in range(len(parts))}
+    for name in ("qk_attrs", "pv_attrs"):
+        attrs = ir.DictAttr(out[name])
+        fields = {attrs[i].name: attrs[i].attr for i in range(len(attrs))}
+        config = iree_gpu.LoweringConfigAttr(fields["lowering_config"]).attributes
+        entries = {config[i].name: config[i].attr for i in range(len(config))}
+        if "subgroup_basis" in entries:
+            counts_attr, mapping_attr = list(ir.ArrayAttr(entries["subgroup_basis"]))
+            counts = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(counts_attr)]
+            mapping = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(mapping_attr)]
+            for loop in sorted(loops):
+                counts.insert(loop, 1)
+                mapping = [m + (m >= loop) for m in mapping]
+                mapping.insert(sum(m < loop for m in mapping), loop)
+            entries["subgroup_basis"] = ir.ArrayAttr.get([ints(counts), ints(mapping)])
+        fields["lowering_config"] = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
+        out[name] = ir.DictAttr.get(fields)
+    return ir.DictAttr.get(out)
 
 
 class GpuMaterializer:

@@ -490,6 +490,50 @@ def test_unit_loops_folded_by_iree_get_a_tile_of_1(tmp_path: Path) -> None:
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
 
 
+def test_attention_loops_iree_collapses_alone_get_a_tile_of_1(tmp_path: Path) -> None:
+    """Llama's grouped-query attention keeps its query groups x sequence (2 x 128) as two M loops
+    in the model's dispatch, which IREE collapses when the op is compiled alone: candidates state
+    all 6 loops (tile 1 on the groups, one subgroup along them in both matmuls' bases), apply
+    and compile in the dispatch. With 5-entry lists every candidate overflowed shared memory."""
+    from dispatchtune import load_problems
+
+    bench = Path(__file__).parent / "fixtures" / "gfx942_llama_gqa_attention_benchmark.mlir"
+    target = get_target("gfx942")
+    (problem,) = load_problems(bench, target)
+    assert problem.loop_sizes == (4, 2, 128, 64, 64, 128) and problem.mask_map
+    cands = enumerate_candidates(problem, target)
+    ok = cands.table.index[cands.table["knob_red_k2"] >= 16]  # IREE packs the mask: K2 >= 16
+    info = cands.compilation_info(int(ok[0]))
+    assert re.search(r"workgroup = \[1, 1, \d+, \d+, 0, 0\]", info)
+    assert re.search(r"reduction = \[0, 0, 0, 0, 0, \d+\]", info)
+    qk = re.search(r"qk_attrs = .*?subgroup_basis = \[\[([\d, ]+)\], \[([\d, ]+)\]\]", info)
+    assert qk is not None and qk.group(1).startswith("1, 1, ") and qk.group(2) == "0, 1, 2, 4, 5"
+    assert (cands.table["workgroups"] == 4 * 2 * (128 // cands.table["tile_m"])
+            * (64 // cands.table["tile_v"])).all()
+    spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
+    proc = run_tool("iree-compile", [str(bench), f"{target.tuning_spec_flag}={spec}", "-o",
+                                     str(tmp_path / "bench.vmfb")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
+
+
+def test_sdxl_attention_candidates_name_every_loop_as_irees_own_spec() -> None:
+    """SDXL's batch x heads attention: 6-entry tiles and bases in the form of IREE's built-in
+    gfx942 spec (`[[1, 1, 4, 1, 1, 1], [0, 1, 2, 4, 5]]` for Q x K^T)."""
+    from dispatchtune.datasets.expert_specs import attention_problem
+
+    sdxl = attention_problem((2, 10, 4096, 64, 64, 64), "f16")
+    unbatched = without_loops(sdxl, (0,))
+    assert unbatched is not None and unbatched.loop_sizes == (10, 4096, 64, 64, 64)
+    cands = enumerate_candidates(sdxl, "gfx942")
+    t = cands.table
+    assert (t["workgroups"] == 20 * (4096 // t["tile_m"]) * (64 // t["tile_v"])).all()
+    info = cands.compilation_info(0)
+    assert re.search(r"workgroup = \[1, 1, \d+, \d+, 0, 0\]", info)
+    assert re.search(r"pv_attrs = .*?subgroup_basis = \[\[1, 1, \d, 1, 1, 1\], \[0, 1, 2, 3, 5\]\]",
+                     info)
+
+
 def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path) -> None:
     """IREE pads its own TileAndFuse configs of unaligned problems to the tile; its knob template
     does not, and unpadded candidates fail to compile. Candidates carry the same `padding`."""
