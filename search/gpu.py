@@ -19,6 +19,7 @@ implicit-GEMM loops of the group-less op say nothing of where a group loop would
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import math
 import re
@@ -140,11 +141,11 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
     if key in _SOURCES:
         return _SOURCES[key]
     source: tuple[Problem, tuple[int, ...]] = (problem, ())
-    outer = _collapsed_attention_loops(problem)
+    outer = _collapsed_loops(problem, target)
     if outer:
-        # Compiled on its own the op would have those loops collapsed (IREE's dispatch formation)
-        # and its template one entry fewer per loop than the op in a model's dispatch, where they
-        # stay: the constraints come from the op without them, and they get a tile of 1.
+        # Compiled on its own the op has those loops collapsed (IREE's dispatch formation), so
+        # its template has fewer entries than the op in a model's dispatch, where they stay:
+        # the constraints come from the op without them, and they get a tile of 1.
         unbatched = without_loops(problem, outer)
         if unbatched is not None:
             constraints_module(unbatched, target)
@@ -167,17 +168,53 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
     return source
 
 
-def _collapsed_attention_loops(problem: Problem) -> tuple[int, ...]:
-    """An attention's batch loops but the innermost, and its M loops but the innermost.
+def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
+    """Loops of `problem` that IREE collapses into their neighbour when it forms a dispatch of the
+    op alone, but that a model's dispatch may keep: all but the innermost non-unit loop of a
+    class (an attention's batch and M loops; a contraction's M and N loops when its template,
+    unit loops aside, is shorter than the op).
 
-    IREE collapses each of those groups into one loop when it forms a dispatch of the op alone
-    (SDXL's batch x heads, a grouped-query attention's query groups x sequence), but a model's
-    dispatch may keep them (IREE's own configs of SDXL attention have 6 entries): the space is
-    stated over the op's own loops with a tile of 1 on these, IREE's default tile there.
+    SDXL's batch x heads, a grouped-query attention's query groups x sequence, an NCHW 1x1
+    convolution's batch x image as a contraction's M: IREE's own configs of such dispatches give
+    every loop an entry (a tile of 1 on the outer ones), and configurations of the collapsed
+    op tile other loops than they name there (shared memory overflows, compile timeouts).
     """
-    if problem.kind != "attention":
+    if problem.kind == "attention":
+        classes: tuple[str, ...] = ("batch", "m")
+    elif problem.kind == "contraction" and not problem.loops("batch"):
+        classes = ("m", "n")
+    else:
         return ()
-    return tuple(sorted(loop for cls in ("batch", "m") for loop in problem.loops(cls)[:-1]))
+    outer = tuple(sorted(loop for cls in classes for loop in _collapsible_outer(problem, cls)))
+    if not outer or problem.kind == "attention":
+        return outer
+    entries = _template_entries(constraints_module(problem, target))
+    non_unit = sum(1 for size in problem.loop_sizes if size != 1)
+    return outer if entries is not None and entries < non_unit else ()
+
+
+def _collapsible_outer(problem: Problem, cls: str) -> list[int]:
+    """Non-unit loops of a class that collapse into the next one of the class: wherever either
+    indexes an operand (the mask too), the next one follows it at once (IREE's criterion for
+    collapsing dimensions)."""
+    maps = [*problem.indexing_maps, *([problem.mask_map] if problem.mask_map else [])]
+    results = [[e.strip() for e in m.split("->", 1)[1].strip().strip("()").split(",")]
+               for m in maps]
+    loops = [i for i in problem.loops(cls) if problem.loop_sizes[i] != 1]
+    outer = []
+    for a, b in itertools.pairwise(loops):
+        first, second = f"d{a}", f"d{b}"
+        if all((first in r) == (second in r) and (first not in r
+                                                  or r.index(second) == r.index(first) + 1)
+               for r in results):
+            outer.append(a)
+    return outer
+
+
+def _template_entries(module: str) -> int | None:
+    """Entries of the first knob template's `workgroup` list (the loops its configs tile)."""
+    found = re.search(r"knobs = \{.*?\bworkgroup = \[([^\]]*)\]", module, re.DOTALL)
+    return None if found is None else len(found.group(1).split(","))
 
 
 def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
@@ -301,9 +338,10 @@ def gpu_spaces(
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             if batch:
-                space = _with_batch_loops(space, batch, problem.loop_sizes)
+                space = _with_batch_loops(space, batch, problem.loop_sizes, _space_classes(
+                    problem, batch))
             space = _with_unit_loops(space, problem)
-            if space.kind == "attention" and len(space.loop_bounds) != len(problem.loop_sizes):
+            if space.kind != "convolution" and len(space.loop_bounds) != len(problem.loop_sizes):
                 # Its configurations would tile other loops than the ones they name. (A
                 # convolution's unit batch loop is folded in its dispatch too, and a contraction's
                 # unit loops are restated above.)
@@ -315,13 +353,21 @@ def gpu_spaces(
     if not spaces:
         raise DispatchTuneError(
             f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
-            f"({_why_no_constraints(problem, target)})"
+            f"({_why_no_constraints(problem, target, source, batch)})"
         )
     return spaces
 
 
-def _why_no_constraints(problem: Problem, target: Target) -> str:
+def _why_no_constraints(problem: Problem, target: Target, source: Problem | None = None,
+                        tiled_out: Sequence[int] = ()) -> str:
     """What keeps IREE's constraint generator from an op, as far as the op and target say."""
+    crashed_on = {*problem.loops("batch"), *problem.loops("depth")}
+    if source is not None and tiled_out and (
+            problem.kind == "attention" or not set(tiled_out) <= crashed_on):
+        loops = ", ".join(f"d{i}" for i in tiled_out)
+        return (f"its dispatch keeps loop(s) {loops}, which IREE collapses into the next loop "
+                f"only when it compiles the op alone; with a tile of 1 there, IREE emits none "
+                f"for the rest: {source.describe()}")
     if problem.kind == "convolution" and problem.loops("depth") and not problem.loops(
             "input_channel"):
         return "a depthwise convolution has no channel reduction for an MMA intrinsic"
@@ -423,15 +469,26 @@ def _insert(entries: Sequence[Any], loops: Sequence[int], filler: Any) -> list[A
     return out
 
 
-def _with_batch_loops(space: GpuSpace, loops: tuple[int, ...], bounds: tuple[int, ...]) -> GpuSpace:
-    """A batch-less problem's space, stated over the full problem's loops (batch tile 1)."""
+def _space_classes(problem: Problem, loops: Sequence[int]) -> dict[int, str]:
+    """The space's class (`b`, `m`, ...) of each of `loops`, from the problem's classes."""
+    names = {"batch": "b", "depth": "b"}
+    return {loop: names.get(cls, cls) for cls, members in problem.dims.items()
+            for loop in members if loop in set(loops)}
+
+
+def _with_batch_loops(space: GpuSpace, loops: tuple[int, ...], bounds: tuple[int, ...],
+                      classes_of: Mapping[int, str] | None = None) -> GpuSpace:
+    """A space of the problem without `loops`, stated over the full problem's loops (tile 1
+    there). Each loop joins its class in `classes_of` (default: the batch class `b`)."""
     kept = [i for i in range(len(bounds)) if i not in set(loops)]
 
     def remap(classes: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(kept[i] for i in classes)
 
     classes = {c: remap(ls) for c, ls in space.classes.items()}
-    classes["b"] = tuple(sorted((*classes.get("b", ()), *loops)))
+    for loop in loops:
+        cls = (classes_of or {}).get(loop, "b")
+        classes[cls] = tuple(sorted((*classes.get(cls, ()), loop)))
     return dataclasses.replace(
         space,
         workgroup=tuple(_insert(space.workgroup, loops, 1)),

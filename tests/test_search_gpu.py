@@ -517,6 +517,26 @@ def test_attention_loops_iree_collapses_alone_get_a_tile_of_1(tmp_path: Path) ->
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
 
 
+def test_contraction_loops_kept_in_the_dispatch_are_never_tiled_as_collapsed() -> None:
+    """ResNet's NCHW 1x1 convolution as a contraction, m=2x4x4: IREE collapses the 4x4 image
+    when it compiles the op alone (4-entry template), its dispatch keeps 5 loops. Candidates
+    of the collapsed op overflowed shared memory or timed out there; now the image's outer loop
+    gets a tile of 1, and IREE has no constraints for what is left (M 2x4): not tuned, saying
+    why, rather than configurations that tile other loops than they name."""
+    from dispatchtune import load_problems
+    from dispatchtune.search.gpu import _collapsible_outer
+
+    bench = Path(__file__).parent / "fixtures" / "gfx942_resnet_nchw_1x1_benchmark.mlir"
+    target = get_target("gfx942")
+    (problem,) = load_problems(bench, target)
+    assert problem.sizes("m") == (2, 4, 4)
+    image = problem.loops("m")[1:]
+    assert _collapsible_outer(problem, "m") == [image[0]]  # the batch loop is not adjacent
+    with pytest.raises(DispatchTuneError, match=rf"keeps loop\(s\) d{image[0]}, which IREE "
+                       r"collapses into the next loop only when it compiles the op alone"):
+        enumerate_candidates(problem, target)
+
+
 def test_sdxl_attention_candidates_name_every_loop_as_irees_own_spec() -> None:
     """SDXL's batch x heads attention: 6-entry tiles and bases in the form of IREE's built-in
     gfx942 spec (`[[1, 1, 4, 1, 1, 1], [0, 1, 2, 4, 5]]` for Q x K^T)."""
