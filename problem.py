@@ -78,6 +78,9 @@ class Problem:
         strides, dilations: convolution only, one per output image dim.
         mask_type, mask_map: attention only: the element type and affine map of its mask operand
             ("" when it has none; IREE gives SDPA's boolean masks as i8 or i1).
+        scale_type: attention only: the element type of its scale operand when it is not the
+            output's (a torch f16 SDPA reaches the GPU as an online_attention with an f32 output
+            and an f16 scale, or the other way round); "" otherwise.
         op_name: the MLIR op name as found (informational).
         name: where it came from (function or dispatch name), informational.
     """
@@ -92,6 +95,7 @@ class Problem:
     dilations: tuple[int, ...] = ()
     mask_type: str = ""
     mask_map: str = ""
+    scale_type: str = ""
     op_name: str = "linalg.generic"
     name: str = field(default="", compare=False)
 
@@ -163,12 +167,19 @@ class Problem:
         )
 
     @property
+    def attention_scale_type(self) -> str:
+        """The element type of an attention's scale operand (the output's unless stated)."""
+        return self.scale_type or self.output_type
+
+    @property
     def key(self) -> str:
         """Stable, readable identifier used as the problem id in logs and datasets."""
         # The mask joins the digest only when present, so keys of unmasked problems never change.
         mask = [self.mask_map, self.mask_type] if self.mask_map else []
+        scale = [f"scale:{self.scale_type}"] if self.scale_type else []  # likewise
         digest = hashlib.sha1(
-            "|".join([*self.indexing_maps, repr(self.strides), repr(self.dilations), *mask]).encode()
+            "|".join([*self.indexing_maps, repr(self.strides), repr(self.dilations), *mask,
+                      *scale]).encode()
         ).hexdigest()[:8]
         shape = "x".join(str(s) for s in self.loop_sizes)
         return f"{self.kind}_{shape}_{'_'.join(self.element_types)}_{digest}"
@@ -223,6 +234,7 @@ class Problem:
             "op_name": self.op_name,
             "name": self.name,
             **({"mask_type": self.mask_type, "mask_map": self.mask_map} if self.mask_map else {}),
+            **({"scale_type": self.scale_type} if self.scale_type else {}),
         }
 
     @classmethod
@@ -256,6 +268,7 @@ class Problem:
             dilations=ints(data.get("dilations", [])),
             mask_type=str(data.get("mask_type", "")),
             mask_map=str(data.get("mask_map", "")),
+            scale_type=str(data.get("scale_type", "")),
             op_name=str(data.get("op_name", "linalg.generic")),
             name=str(data.get("name", "")),
         )
@@ -500,7 +513,7 @@ class Problem:
             q, k, v, o = self.indexing_maps
             loop_dims = o.split("->")[0].strip()
             lines += [
-                f"  %scale = arith.constant {scale:.6e} : {out_elem}",
+                f"  %scale = arith.constant {scale:.6e} : {self.attention_scale_type}",
                 f"  %empty = tensor.empty() : {out_t}",
                 "  %out = iree_linalg_ext.attention <{indexing_maps = ["
                 f"affine_map<{q}>, affine_map<{k}>, affine_map<{v}>, "
@@ -508,7 +521,8 @@ class Problem:
                 + (f"affine_map<{self.mask_map}>, " if mask_t else "")
                 + f"affine_map<{o}>]}}>",
                 f"      ins(%arg0, %arg1, %arg2, %scale{', %mask' if mask_t else ''} : "
-                f"{tensor[0]}, {tensor[1]}, {tensor[2]}, {out_elem}{', ' + mask_t if mask_t else ''}) "
+                f"{tensor[0]}, {tensor[1]}, {tensor[2]}, {self.attention_scale_type}"
+                f"{', ' + mask_t if mask_t else ''}) "
                 f"outs(%empty : {out_t}) {{",
                 "    ^bb0(%score: f32):",
                 "      iree_linalg_ext.yield %score : f32",

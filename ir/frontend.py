@@ -352,6 +352,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
 
     name = op.name
     kind: OpKind
+    scale_type = ""
     if name in _ATTENTION_OPS:
         kind = "attention"
         maps = [attr.value for attr in op.attributes["indexing_maps"]]
@@ -370,6 +371,7 @@ def _describe(op: Any, path: Path) -> Problem | None:
         }
         values = [op.operands[0], op.operands[1], op.operands[2], op.results[0]]
         operand_maps = [q, k, v, o]
+        scale_type = str(op.operands[3].type)
         n_loops = int(detail.domain_rank)
         extra: dict[str, tuple[int, ...]] = {}
     elif linalg.isa_contraction_op(op):
@@ -413,6 +415,8 @@ def _describe(op: Any, path: Path) -> Problem | None:
         dilations=extra.get("dilations", ()),
         mask_map=mask[0] if mask else "",
         mask_type=mask[1] if mask else "",
+        # Stated only when it is not the output's, so that other problems keep their keys.
+        scale_type=scale_type if scale_type != shapes_types[-1][1] else "",
         op_name=name,
         name=_function_name(op),
     )

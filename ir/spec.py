@@ -326,8 +326,9 @@ def _emit_online_match(problem: Problem, handle: Any) -> None:
     mask = [f"affine_map<{problem.mask_map}>"] if problem.mask_map else []
     maps = [q, k, v, f"affine_map<{domain} -> ()>", *mask, o, row, row]
     param = _i64_param_type()
+    scale_t = ir.Type.parse(problem.attention_scale_type)
     dims = pt.MatchOnlineAttentionOp(
-        param, param, param, param, param, handle, q_t, k_t, v_t, q_t, acc, acc, acc,
+        param, param, param, param, param, handle, q_t, k_t, v_t, scale_t, acc, acc, acc,
         ir.ArrayAttr.get([ir.Attribute.parse(m) for m in maps]),
     ).results
     for value, sizes in zip(dims, [problem.sizes(c) for c in DIM_CLASSES["attention"]],
@@ -367,7 +368,7 @@ def _online_attention_matcher(
     row_dims = [d for d in out_dims if d not in n_dims]
     row_t = f"tensor<{'x'.join(str(problem.loop_sizes[int(d[1:])]) for d in row_dims)}x{acc_t}>"
     row_map = f"{domain} -> ({', '.join(row_dims)})"
-    scale_t = problem.input_types[0]
+    scale_t = problem.attention_scale_type
     mask_t = (
         f"tensor<{'x'.join(map(str, problem.mask_shape))}x{problem.mask_type}>"
         if problem.mask_map else ""

@@ -470,6 +470,23 @@ def test_masked_attention_candidates_apply_on_gfx942(tmp_path: Path) -> None:
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
 
 
+def test_attention_whose_scale_is_not_its_query_type_is_matched(tmp_path: Path) -> None:
+    """A torch f16 SDPA reaches gfx942's dispatch as an online_attention with an f32 scale (and
+    f32 output): the matchers used to require an f16 scale, and every spec silently missed."""
+    from dispatchtune import load_problems
+
+    source = Path(__file__).parent / "fixtures" / "torch_sdpa_f16.mlir"
+    target = get_target("gfx942")
+    attention = [p for p in load_problems(source, target) if p.kind == "attention"]
+    (problem,) = attention
+    assert problem.input_types[0] == "f16" and problem.attention_scale_type == "f32"
+    cands = enumerate_candidates(problem, target)
+    for row in (0, len(cands) - 1):
+        info = cands.compilation_info(row)
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec_{row}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+
+
 def test_unit_loops_folded_by_iree_get_a_tile_of_1(tmp_path: Path) -> None:
     """BERT's f32 dispatch keeps the unit loops of a 1x128 x 768 x 1x768 contraction that IREE
     folds when the op is compiled alone: candidates state all 5 loops, and one compiles in the
