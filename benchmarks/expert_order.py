@@ -42,8 +42,10 @@ from dispatchtune.search.gpu import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.targets import Target, get_target
 
 TARGET = "gfx942"
-#: Bump when enumeration adds candidate-table columns: `candidate_table`'s cache is keyed by it.
-TABLE_VERSION = 2
+#: Bump when enumeration changes candidate-table columns or rows: `candidate_table`'s cache is
+#: keyed by it (3: attention K2 tiles below the Q x K^T intrinsic's N dropped; loops a dispatch
+#: keeps that IREE collapses alone tiled out).
+TABLE_VERSION = 3
 #: Attributes checked in this order when an expert configuration is not in the space.
 MATCH_COLUMNS = (
     "pipeline", "intrinsic", "tile_b", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n",

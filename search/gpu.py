@@ -332,7 +332,7 @@ def gpu_spaces(
         for index, op in enumerate(_constraint_ops(module)):
             if not heuristic_filters:
                 drop_heuristic_filters(op)
-            space = _describe(index, op, roots)
+            space = _with_k2_floor(_describe(index, op, roots))
             if _padded_k(space, op):
                 space = dataclasses.replace(_describe(index, op, roots), padded_k=True)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
@@ -356,6 +356,24 @@ def gpu_spaces(
             f"({_why_no_constraints(problem, target, source, batch)})"
         )
     return spaces
+
+
+def _with_k2_floor(space: GpuSpace) -> GpuSpace:
+    """An attention space without K2 tiles smaller than the Q x K^T intrinsic's N.
+
+    IREE 3.13's attention constraints admit them, but none compiles ("'linalg.pack' op tile
+    size analysis did not determine a valid tile size"): measured on gfx942, 60 of 60 such rows
+    of three attentions (f16, f16 masked, f32 grouped-query masked) failed and all 291 others
+    built. Stated as one more SMT assertion, so every enumeration of the set honours it.
+    """
+    if space.kind != "attention" or "red_k2" not in space.knobs or not space.mma_shapes:
+        return space
+    knob = space.mma_knob
+    floor = "".join(
+        f"(assert (=> (= {knob} {i}) (>= red_k2 {shape[1]})))\n" if knob in space.knobs
+        else f"(assert (>= red_k2 {shape[1]}))\n"
+        for i, shape in enumerate(space.mma_shapes))
+    return dataclasses.replace(space, smtlib=space.smtlib + floor)
 
 
 def _why_no_constraints(problem: Problem, target: Target, source: Problem | None = None,
