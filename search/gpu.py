@@ -13,7 +13,10 @@ IREE 3.13 crashes (SIGSEGV) emitting constraints for contractions with batch loo
 and output: the `depth` class). For those the constraints come from the same op without those
 loops, and every candidate gets a tile of 1 there (`GpuSpace.batch_loops`), the tile IREE's own
 default batch configuration uses. A grouped convolution keeps the direct lowering only: IREE's
-implicit-GEMM loops of the group-less op say nothing of where a group loop would go.
+implicit-GEMM loops of the group-less op say nothing of where a group loop would go. Loops IREE
+collapses when it compiles the op alone but a model's dispatch keeps (an attention's batch x
+heads or query groups x sequence, a contraction's image: `_collapsed_loops`) get the same
+treatment, so that every configuration names every loop of the op it is applied to.
 """
 
 from __future__ import annotations
@@ -169,10 +172,10 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
 
 
 def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
-    """Loops of `problem` that IREE collapses into their neighbour when it forms a dispatch of the
-    op alone, but that a model's dispatch may keep: all but the innermost non-unit loop of a
-    class (an attention's batch and M loops; a contraction's M and N loops when its template,
-    unit loops aside, is shorter than the op).
+    """Loops of `problem` that IREE collapses into the next loop of their class when it forms a
+    dispatch of the op alone, but that a model's dispatch may keep (`_collapsible_outer`: an
+    attention's batch and M loops; a contraction's M and N loops when its template, unit loops
+    aside, is shorter than the op).
 
     SDXL's batch x heads, a grouped-query attention's query groups x sequence, an NCHW 1x1
     convolution's batch x image as a contraction's M: IREE's own configs of such dispatches give
@@ -546,15 +549,30 @@ def with_batch_tiles(info: Any, loops: Sequence[int]) -> Any:
         if key in entries:
             entries[key] = ints(_insert(values(entries[key]), loops, filler))
     if "subgroup_basis" in entries:
-        counts_attr, mapping_attr = list(ir.ArrayAttr(entries["subgroup_basis"]))
-        counts = _insert(values(counts_attr), loops, 1)
-        mapping = values(mapping_attr)
-        for loop in sorted(loops):  # basis entries at or after `loop` move up by one
-            mapping = [m + (m >= loop) for m in mapping]
-            mapping.insert(loop, loop)
-        entries["subgroup_basis"] = ir.ArrayAttr.get([ints(counts), ints(mapping)])
+        entries["subgroup_basis"] = _basis_with_loops(entries["subgroup_basis"], loops)
     lowering = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
     return iree_codegen.CompilationInfoAttr.get(lowering, info.translation_info)
+
+
+def _basis_with_loops(basis: Any, loops: Sequence[int]) -> Any:
+    """A `subgroup_basis` ([counts, mapping]) with one subgroup along each inserted loop.
+
+    Counts have one entry per loop of the op; the mapping lists, in loop order, the basis entry
+    of each loop the config covers (all loops of a contraction; one matmul's loops of an
+    attention), so an inserted loop goes after the entries below it.
+    """
+    from iree.compiler import ir
+
+    i64 = ir.IntegerType.get_signless(64)
+    counts_attr, mapping_attr = list(ir.ArrayAttr(basis))
+    counts = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(counts_attr)]
+    mapping = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(mapping_attr)]
+    for loop in sorted(loops):  # basis entries at or after `loop` move up by one
+        counts.insert(loop, 1)
+        mapping = [m + (m >= loop) for m in mapping]
+        mapping.insert(sum(m < loop for m in mapping), loop)
+    return ir.ArrayAttr.get([ir.ArrayAttr.get([ir.IntegerAttr.get(i64, v) for v in row])
+                             for row in (counts, mapping)])
 
 
 def drop_heuristic_filters(constraints_op: Any) -> list[str]:
@@ -1082,18 +1100,10 @@ def materialize(op: Any, assignments: Mapping[str, int], batch_loops: Sequence[i
 
 def _decomposition_with_batch_loops(decomposition: Any, loops: Sequence[int]) -> Any:
     """An attention `decomposition_config` for the op with `loops` inserted: each matmul's
-    subgroup basis gets one subgroup along them.
-
-    Its counts have one entry per loop of the op and its mapping lists, in order, the op loops
-    of that matmul (Q x K^T leaves out N, P x V leaves out K1), which every inserted loop is in.
-    """
+    subgroup basis (Q x K^T leaves out N, P x V leaves out K1; every inserted loop is in both)
+    gets one subgroup along them."""
     from iree.compiler import ir
     from iree.compiler.dialects import iree_gpu
-
-    i64 = ir.IntegerType.get_signless(64)
-
-    def ints(values: Sequence[int]) -> Any:
-        return ir.ArrayAttr.get([ir.IntegerAttr.get(i64, int(v)) for v in values])
 
     parts = ir.DictAttr(decomposition)
     out = {parts[i].name: parts[i].attr for i in range(len(parts))}
@@ -1103,14 +1113,7 @@ def _decomposition_with_batch_loops(decomposition: Any, loops: Sequence[int]) ->
         config = iree_gpu.LoweringConfigAttr(fields["lowering_config"]).attributes
         entries = {config[i].name: config[i].attr for i in range(len(config))}
         if "subgroup_basis" in entries:
-            counts_attr, mapping_attr = list(ir.ArrayAttr(entries["subgroup_basis"]))
-            counts = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(counts_attr)]
-            mapping = [int(ir.IntegerAttr(a).value) for a in ir.ArrayAttr(mapping_attr)]
-            for loop in sorted(loops):
-                counts.insert(loop, 1)
-                mapping = [m + (m >= loop) for m in mapping]
-                mapping.insert(sum(m < loop for m in mapping), loop)
-            entries["subgroup_basis"] = ir.ArrayAttr.get([ints(counts), ints(mapping)])
+            entries["subgroup_basis"] = _basis_with_loops(entries["subgroup_basis"], loops)
         fields["lowering_config"] = iree_gpu.LoweringConfigAttr.get(ir.DictAttr.get(entries))
         out[name] = ir.DictAttr.get(fields)
     return ir.DictAttr.get(out)
