@@ -92,6 +92,17 @@ class Target:
             return "--iree-codegen-transform-dialect-library"
         return "--iree-codegen-tuning-spec-path"
 
+    def tuning_spec_flags(self, spec: str | os.PathLike[str]) -> tuple[str, ...]:
+        """The iree-compile flags that apply the tuning spec `spec`, and keep it from hanging.
+
+        IREE 3.13 deadlocks now and then when it configures a module's executables in parallel
+        with a spec: its worker threads wait on the lock that loads the spec
+        (`IREECodegenDialect::getOrLoadTransformLibraryModule`; measured on a two-dispatch model,
+        1 hang in 100-150 compiles with threads, none in 400 without). One thread costs little
+        next to a compile that never ends.
+        """
+        return (f"{self.tuning_spec_flag}={os.fspath(spec)}", "--mlir-disable-threading")
+
     def check_runs_here(self, remedy: str = "use --target host or --compile-only") -> None:
         """Raise a one-line `TargetError` if this machine cannot run this llvm-cpu target's code
         (`remedy`: what the command suggests instead)."""

@@ -472,7 +472,7 @@ def applied_configs(
         "-",
     ]
     if spec_path is not None:
-        args.append(f"{target.tuning_spec_flag}={spec_path}")
+        args.extend(target.tuning_spec_flags(spec_path))
     proc = run_tool("iree-compile", args)
     if proc.returncode != 0:
         raise DispatchTuneError(f"iree-compile failed: {first_error_line(proc.stderr)}")

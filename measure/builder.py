@@ -131,7 +131,7 @@ def compile_module(
     out.unlink(missing_ok=True)
     flags = list(target.compile_flags) if with_target_flags else []
     if spec is not None:
-        flags.append(f"{target.tuning_spec_flag}={spec}")
+        flags.extend(target.tuning_spec_flags(spec))
     command = [tool_path("iree-compile"), str(source), *flags, "-o", str(out)]
     with slots.hold(1) if slots is not None else contextlib.nullcontext():
         result = run_process(command, timeout_s)

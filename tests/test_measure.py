@@ -182,3 +182,15 @@ def test_a_masked_attention_is_called_with_its_mask(tmp_path: Path) -> None:
     assert call is not None and len(call.inputs) == 4
     run = LocalRunner().run(Artifact(tmp_path / "a.vmfb", "local-sync"), call, 60)
     assert run.ok and run.outputs is not None and run.outputs[0].shape == (2, 16, 8)
+
+
+def test_a_spec_is_applied_with_one_compiler_thread(tmp_path: Path) -> None:
+    """IREE 3.13 hangs now and then configuring several executables in parallel with a spec
+    (the tune-with-const-eval test timed out in CI on a 1 KB two-dispatch model; 1 in 100-150
+    compiles here, none of 400 with one thread): every compile given a spec runs on one thread,
+    and CUDA keeps its own spec flag."""
+    spec = tmp_path / "spec.mlir"
+    assert HOST.tuning_spec_flags(spec) == (
+        f"--iree-codegen-tuning-spec-path={spec}", "--mlir-disable-threading")
+    assert get_target("sm_80").tuning_spec_flags(spec)[0] == (
+        f"--iree-codegen-transform-dialect-library={spec}")

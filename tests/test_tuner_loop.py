@@ -480,8 +480,12 @@ def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
     assert ("not tuned: dispatchtune tunes contractions, convolutions and attention, not pooling"
             in proc.stdout)
     tried = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
-    assert len(tried) == 2 and {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
-    assert all(r.compile_status == "ok" and r.verify_status == "ok" for r in tried)
+    assert {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
+    # A build identical to the default is not measured and not counted against the budget (on
+    # AVX2 hosts the heuristic's first pick is IREE's own choice for this matmul).
+    measured = [r for r in tried if r.compile_status != "duplicate"]
+    assert len(measured) == 2
+    assert all(r.compile_status == "ok" and r.verify_status == "ok" for r in measured)
     assert (out / "tuning_spec.mlir").exists() and (out / "summary.md").exists()
     # Another input into the same directory: said, since its spec replaces this one.
     other = subprocess.run(

@@ -555,7 +555,8 @@ def write_outputs(
     elif entries:
         spec_note = (
             f"`tuning_spec.mlir` configures {len(entries)} of {len(summaries)} dispatch(es); "
-            f"pass it with `{target.tuning_spec_flag}=tuning_spec.mlir`."
+            f"pass it with `{' '.join(target.tuning_spec_flags('tuning_spec.mlir'))}` (IREE "
+            "3.13 can hang applying a spec on several threads)."
         )
     else:
         spec_note = (

@@ -167,7 +167,7 @@ def _summary_lines(
         "",
         "```sh",
         f"iree-compile {profile.get('model')} {flags} \\",
-        f"    {target.tuning_spec_flag}={result.spec_path} -o model.vmfb",
+        f"    {' '.join(target.tuning_spec_flags(result.spec_path))} -o model.vmfb",
         "```",
         "",
         "## Where the time goes",
