@@ -25,7 +25,8 @@ Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
            [--tree-weight W] [--folds K] [--per-expert CSV] [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
-25 public ones; 27 min, 19 GB of memory at peak): SPECS31 --cache DIR --no-heuristic-filters
+25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of
+memory at peak): SPECS31 --cache DIR --no-heuristic-filters
 --hard-negatives 50 --listwise 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
 --folds 4 --save costmodel/models/gfx942.json.
 """
