@@ -38,7 +38,7 @@ def build_and_run(path: Path, spec: Path | None, name: str, inputs: tuple[str, .
                   result: TensorType, tmp_path: Path) -> np.ndarray:
     """Compile `path` (with `spec`), run it on local-sync and return its one output."""
     vmfb = tmp_path / f"{name}.vmfb"
-    flags = [f"{HOST.tuning_spec_flag}={spec}"] if spec else []
+    flags = list(HOST.tuning_spec_flags(spec)) if spec else []
     proc = run_tool("iree-compile", [str(path), *HOST.compile_flags, *flags, "-o", str(vmfb)])
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / f"{name}.bin"

@@ -41,8 +41,8 @@ def _check_applies_and_compiles(path: Path, tmp_path: Path, expected_pipeline: s
         spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{i}.mlir")
         applied = applied_configs(path, HOST, spec)
         assert any(config_applied(info, got) for got in applied), (info, applied)
-    flag = f"{HOST.tuning_spec_flag}={tmp_path / 'spec0.mlir'}"
-    args = [str(path), *HOST.compile_flags, flag, "-o", str(tmp_path / "op.vmfb")]
+    flags = HOST.tuning_spec_flags(tmp_path / 'spec0.mlir')
+    args = [str(path), *HOST.compile_flags, *flags, "-o", str(tmp_path / "op.vmfb")]
     proc = run_tool("iree-compile", args)
     assert proc.returncode == 0, proc.stderr[-2000:]
 

@@ -46,7 +46,7 @@ def _check(
     if full:
         proc = run_tool(
             "iree-compile",
-            [str(source), *target.compile_flags, f"{target.tuning_spec_flag}={spec}",
+            [str(source), *target.compile_flags, *target.tuning_spec_flags(spec),
              "-o", str(out)],
         )
         assert proc.returncode == 0, first_error_line(proc.stderr)
@@ -123,7 +123,7 @@ def _compile_rc(
     spec = write_spec(tuning_spec([(seen, requested)]), tmp_path / f"gap_{i}.spec.mlir")
     proc = run_tool(
         "iree-compile",
-        [str(source), *target.compile_flags, f"{target.tuning_spec_flag}={spec}",
+        [str(source), *target.compile_flags, *target.tuning_spec_flags(spec),
          "-o", "/dev/null"],
     )
     return proc.returncode, first_error_line(proc.stderr)

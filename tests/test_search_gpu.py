@@ -210,8 +210,8 @@ def test_added_candidates_apply_and_compile(tmp_path: Path) -> None:
         info = whole.compilation_info(i)
         spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{i}.mlir")
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
-        flag = f"{target.tuning_spec_flag}={spec}"
-        proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+        flags = target.tuning_spec_flags(spec)
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags, *flags, "-o",
                                          str(tmp_path / "op.vmfb")])
         assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -279,8 +279,8 @@ def test_attention_candidates_apply_and_compile(tmp_path: Path) -> None:
         assert "apply_attn_op_config" in spec.read_text()
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
         if n == 0:
-            flag = f"{target.tuning_spec_flag}={spec}"
-            proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+            flags = target.tuning_spec_flags(spec)
+            proc = run_tool("iree-compile", [str(source), *target.compile_flags, *flags, "-o",
                                              str(tmp_path / "attention.vmfb")])
             assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -309,7 +309,7 @@ def test_oriented_attention_intrinsics_store_the_output_in_vectors(tmp_path: Pat
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
         dump = tmp_path / f"isa_{name}"
         proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                         f"{target.tuning_spec_flag}={spec}", "-o",
+                                         *target.tuning_spec_flags(spec), "-o",
                                          str(tmp_path / f"{name}.vmfb"),
                                          f"--iree-hal-dump-executable-files-to={dump}"])
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -379,8 +379,8 @@ def test_batch_matmul_from_the_batchless_constraints(tmp_path: Path) -> None:
         assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
         if pipeline == "VectorDistribute":
             assert re.search(r"subgroup_basis = \[\[1, \d+, \d+, 1\], \[0, 1, 2, 3\]\]", info)
-            flag = f"{target.tuning_spec_flag}={spec}"
-            proc = run_tool("iree-compile", [str(source), *target.compile_flags, flag, "-o",
+            flags = target.tuning_spec_flags(spec)
+            proc = run_tool("iree-compile", [str(source), *target.compile_flags, *flags, "-o",
                                              str(tmp_path / "bmm.vmfb")])
             assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -453,7 +453,7 @@ def test_grouped_convolution_from_the_groupless_constraints(tmp_path: Path) -> N
     spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
     assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
     proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                     f"{target.tuning_spec_flag}={spec}", "-o",
+                                     *target.tuning_spec_flags(spec), "-o",
                                      str(tmp_path / "grouped.vmfb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -506,7 +506,7 @@ def test_unit_loops_folded_by_iree_get_a_tile_of_1(tmp_path: Path) -> None:
     info = cands.compilation_info(0)
     assert re.search(r"workgroup = \[1, \d+, \d+, 1, 0\]", info)
     spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
-    proc = run_tool("iree-compile", [str(bench), f"{target.tuning_spec_flag}={spec}", "-o",
+    proc = run_tool("iree-compile", [str(bench), *target.tuning_spec_flags(spec), "-o",
                                      str(tmp_path / "bench.vmfb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
@@ -532,7 +532,7 @@ def test_attention_loops_iree_collapses_alone_get_a_tile_of_1(tmp_path: Path) ->
     assert (cands.table["workgroups"] == 4 * 2 * (128 // cands.table["tile_m"])
             * (64 // cands.table["tile_v"])).all()
     spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
-    proc = run_tool("iree-compile", [str(bench), f"{target.tuning_spec_flag}={spec}", "-o",
+    proc = run_tool("iree-compile", [str(bench), *target.tuning_spec_flags(spec), "-o",
                                      str(tmp_path / "bench.vmfb")])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
@@ -664,6 +664,6 @@ def _applies_and_compiles(problem: Problem, info: str, source: Path, stem: Path)
     spec = write_spec(tuning_spec([(problem, info)]), stem.with_suffix(".spec.mlir"))
     assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
     proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                     f"{target.tuning_spec_flag}={spec}", "-o",
+                                     *target.tuning_spec_flags(spec), "-o",
                                      str(stem.with_suffix(".vmfb"))])
     assert proc.returncode == 0, proc.stderr[-2000:]
