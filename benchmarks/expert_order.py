@@ -161,11 +161,17 @@ def expert_knob_values(
 
     IREE may collapse adjacent loops of a class (a [2, 1024] M becomes 2048) before it states
     its constraints; the expert's tiles over such a class map to the collapsed loop when they
-    are contiguous (outer tiles 1, inner tiles whole).
+    are contiguous (outer tiles 1, inner tiles whole). An implicit-GEMM convolution config
+    states the GEMM loops of IREE's implicit-GEMM set itself, one entry per loop.
     """
     if space.pipeline != config.pipeline:
         return None
-    loops = _loop_map(space, problem, len(config.workgroup))
+    sizes: tuple[int, ...] = tuple(problem.loop_sizes)
+    if space.igemm and len(config.workgroup) == len(space.loop_bounds) != len(sizes):
+        sizes = tuple(space.loop_bounds)
+        loops: dict[int, tuple[int, ...]] | None = {i: (i,) for i in range(len(sizes))}
+    else:
+        loops = _loop_map(space, problem, len(config.workgroup))
     if loops is None:
         return None
     values: dict[str, int] = {}
@@ -173,7 +179,7 @@ def expert_knob_values(
     for template, tiles in ((space.workgroup, config.workgroup),
                             (space.reduction, config.reduction)):
         for loop, entry in enumerate(template):
-            value = _collapsed_tile(tiles, loops.get(loop, ()), problem)
+            value = _collapsed_tile(tiles, loops.get(loop, ()), sizes)
             if not isinstance(entry, str) or value is None:
                 continue
             # TileAndFuse knobs count the innermost K loop in intrinsics (the config: elements).
@@ -221,12 +227,14 @@ def _loop_map(space: GpuSpace, problem: Problem, n_entries: int) -> dict[int, tu
     return mapped
 
 
-def _collapsed_tile(tiles: tuple[int, ...], loops: tuple[int, ...], problem: Problem) -> int | None:
-    """The tile of one loop standing for `loops`, in elements (a config's 0 is the whole loop):
-    their product when contiguous, else None."""
+def _collapsed_tile(tiles: tuple[int, ...], loops: tuple[int, ...], loop_sizes: Sequence[int]
+                    ) -> int | None:
+    """The tile of one loop standing for `loops` (indices into `loop_sizes`, the loops the
+    config's entries follow), in elements (a config's 0 is the whole loop): their product when
+    contiguous, else None."""
     if not loops:
         return None
-    sizes = [problem.loop_sizes[i] for i in loops]
+    sizes = [loop_sizes[i] for i in loops]
     whole = [tiles[i] or size for i, size in zip(loops, sizes, strict=True)]  # 0: whole loop
     partial = [k for k, (t, size) in enumerate(zip(whole, sizes, strict=True)) if t != size]
     if partial and any(whole[k] != 1 for k in range(partial[-1])):
@@ -251,6 +259,9 @@ def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bo
             found.append("; ".join(violated_constraints(problem, target, space, values,
                                                         heuristic_filters)))
     if not found:
+        implicit_gemm = problem.kind == "convolution" and len(config.workgroup) != len(problem.loop_sizes)
+        if implicit_gemm and not any(space.igemm for space in spaces):
+            return "no implicit-GEMM constraint set for this convolution (its space is direct only)"
         return f"IREE emits no {config.pipeline} constraints over these loops"
     return " | ".join(f for f in found if f)
 

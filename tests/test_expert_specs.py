@@ -111,6 +111,29 @@ def test_expert_outside_the_space_names_the_attribute() -> None:
     assert expert_mask(whole, expert_columns(entry))[0].any()
 
 
+def test_implicit_gemm_expert_outside_the_space_names_the_constraint() -> None:
+    """An implicit-GEMM config states IREE's implicit-GEMM loops, not the convolution's: its
+    knobs are read against that set, so IREE's own reason is named (3.13 pads 48 output rows
+    to 64, and a row tile of 6 does not divide 64), and an admitted tile is a candidate."""
+    from dispatchtune.benchmarks.expert_order import expert_mask, iree_exclusion
+    from dispatchtune.search import enumerate_candidates
+
+    entries = {e.matcher: e for e in load_spec_file(FIXTURES / "implicit_gemm_convolution.mlir")}
+    outside, inside = entries["match_conv_rows_6"], entries["match_conv_rows_2"]
+    for entry in (outside, inside):
+        assert entry.problem is not None and entry.config is not None
+        assert expert_columns(entry)["igemm"] == 1
+    assert expert_columns(outside)["tile_m"] == 96 and expert_columns(outside)["tile_k"] == 32
+    assert outside.problem is not None and outside.config is not None
+    table = enumerate_candidates(outside.problem, "gfx942", heuristic_filters=False).table
+    assert not expert_mask(table, expert_columns(outside))[0].any()
+    assert iree_exclusion(outside.problem, outside.config, False) == "dim_1 must be divisible by wg_1"
+    assert inside.problem is not None and inside.config is not None
+    table = enumerate_candidates(inside.problem, "gfx942", heuristic_filters=False).table
+    assert expert_mask(table, expert_columns(inside))[0].any()
+    assert iree_exclusion(inside.problem, inside.config, False) == ""
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         load_spec_dir(tmp_path)
