@@ -167,7 +167,8 @@ def expert_knob_values(
     if space.pipeline != config.pipeline:
         return None
     sizes: tuple[int, ...] = tuple(problem.loop_sizes)
-    if space.igemm and len(config.workgroup) == len(space.loop_bounds) != len(sizes):
+    per_gemm_loop = space.igemm and _implicit_gemm_form(problem, config)
+    if per_gemm_loop and len(config.workgroup) == len(space.loop_bounds):
         sizes = tuple(space.loop_bounds)
         loops: dict[int, tuple[int, ...]] | None = {i: (i,) for i in range(len(sizes))}
     else:
@@ -203,6 +204,12 @@ def expert_knob_values(
     if "sg_size" in space.knobs:
         values["sg_size"] = config.subgroup_size
     return values
+
+
+def _implicit_gemm_form(problem: Problem, config: ExpertConfig) -> bool:
+    """Whether a convolution's config is written per loop of IREE's implicit-GEMM form (batch,
+    output image, output channels, K) rather than per loop of the convolution."""
+    return problem.kind == "convolution" and len(config.workgroup) != len(problem.loop_sizes)
 
 
 def _loop_map(space: GpuSpace, problem: Problem, n_entries: int) -> dict[int, tuple[int, ...]] | None:
@@ -259,8 +266,7 @@ def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bo
             found.append("; ".join(violated_constraints(problem, target, space, values,
                                                         heuristic_filters)))
     if not found:
-        implicit_gemm = problem.kind == "convolution" and len(config.workgroup) != len(problem.loop_sizes)
-        if implicit_gemm and not any(space.igemm for space in spaces):
+        if _implicit_gemm_form(problem, config) and not any(space.igemm for space in spaces):
             return "no implicit-GEMM constraint set for this convolution (its space is direct only)"
         return f"IREE emits no {config.pipeline} constraints over these loops"
     return " | ".join(f for f in found if f)
