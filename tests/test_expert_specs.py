@@ -134,6 +134,26 @@ def test_implicit_gemm_expert_outside_the_space_names_the_constraint() -> None:
     assert iree_exclusion(inside.problem, inside.config, False) == ""
 
 
+def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
+    """`python benchmarks/expert_order.py SPEC_DIR -o out/whole --no-heuristic-filters`, as a
+    subprocess: a report with each expert's place, and IREE's reason for the one outside."""
+    import subprocess
+    import sys
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    name = "implicit_gemm_convolution.mlir"
+    (specs / name).write_text((FIXTURES / name).read_text())
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "whole"),
+         "--no-heuristic-filters"], cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (tmp_path / "whole" / "report.md").read_text()
+    assert f"| {name} | 2 | 2 | 1 |" in report  # matchers, enumerated, in the space
+    assert "`match_conv_rows_6`: igemm=1" in report and "dim_1 must be divisible by wg_1" in report
+
+
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         load_spec_dir(tmp_path)
