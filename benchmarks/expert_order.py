@@ -257,6 +257,9 @@ def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bo
         spaces = gpu_spaces(problem, target, heuristic_filters)
     except DispatchTuneError:
         return ""
+    left_out = _left_out_tiles(problem, config, spaces)
+    if left_out:
+        return left_out  # the knobs of the loops left in cannot say more: they skip that tile
     found = []
     for space in spaces:
         values = expert_knob_values(space, problem, config)
@@ -270,6 +273,24 @@ def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bo
             return "no implicit-GEMM constraint set for this convolution (its space is direct only)"
         return f"IREE emits no {config.pipeline} constraints over these loops"
     return " | ".join(f for f in found if f)
+
+
+def _left_out_tiles(problem: Problem, config: ExpertConfig, spaces: Sequence[GpuSpace]) -> str:
+    """Which loops the expert tiles that every candidate of its pipeline tiles by 1: loops
+    IREE's constraints leave out (`GpuSpace.batch_loops`), or ""."""
+    own = [space for space in spaces if space.pipeline == config.pipeline]
+    if not own or len(config.workgroup) != len(problem.loop_sizes):
+        return ""
+    left_out = set.intersection(*(set(space.batch_loops) for space in own))
+    tiled = [(loop, config.workgroup[loop] or problem.loop_sizes[loop]) for loop in sorted(left_out)
+             if (config.workgroup[loop] or problem.loop_sizes[loop]) != 1]
+    if not tiled:
+        return ""
+    crashing = {*problem.loops("batch"), *problem.loops("depth")}
+    why = ("IREE crashes emitting constraints with it" if {loop for loop, _ in tiled} <= crashing
+           else "IREE collapses it into the next loop when it compiles the op alone")
+    tiles = ", ".join(f"{tile} on d{loop}" for loop, tile in tiled)
+    return f"tile {tiles}, a loop candidates tile by 1 ({why})"
 
 
 def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
@@ -374,7 +395,8 @@ def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command:
         "## Per op kind", "", markdown(summary(frame[frame["status"].ne("")], orders, "kind")), "",
         "## Not in the space", "",
         "First attribute no candidate shares; then the IREE constraints that exclude the "
-        "expert's knob values (a smallest conflicting set, IREE's messages).", "",
+        "expert's knob values (a smallest conflicting set, IREE's messages), or the loop the "
+        "expert tiles that IREE's constraints leave out (candidates tile it by 1).", "",
     ]
     missing = frame[frame["status"] == "not in space"]
     for r in missing.itertuples():

@@ -138,11 +138,35 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
 
     Usually `problem` itself. A contraction with batch loops or a grouped convolution, on which
     IREE crashes emitting constraints, is described by the same op without those loops; they are
-    returned so that every candidate gets a tile of 1 there.
+    returned so that every candidate gets a tile of 1 there. A contraction with an M, N or K
+    smaller than any intrinsic's, for which IREE emits no constraints, is described by the op
+    with those loops raised (`with_small_loops_raised`); `gpu_spaces` pins them back.
     """
     key = (problem.key, target.name)
-    if key in _SOURCES:
-        return _SOURCES[key]
+    if key not in _SOURCES:
+        source, left_out = _source_at_own_sizes(problem, target)
+        _SOURCES[key] = (_with_constraints(source, target), left_out)
+    return _SOURCES[key]
+
+
+def _with_constraints(problem: Problem, target: Target) -> Problem:
+    """`problem`, or, when IREE emits no constraints for it, its `with_small_loops_raised`
+    form if IREE emits some for that."""
+    if problem.kind != "contraction" or CONSTRAINTS_OP in constraints_module(problem, target):
+        return problem
+    raised = with_small_loops_raised(problem, target)
+    try:
+        if raised is None or CONSTRAINTS_OP not in constraints_module(raised, target):
+            return problem
+    except DispatchTuneError:  # IREE crashing on the raised op: the op keeps its own (none)
+        return problem
+    logger.info("IREE emits no constraints for %s (its default is not an MMA config); using "
+                "those of %s, pinned to the op's own sizes", problem.describe(), raised.describe())
+    return raised
+
+
+def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tuple[int, ...]]:
+    """`constraint_source` before small loops are raised."""
     source: tuple[Problem, tuple[int, ...]] = (problem, ())
     outer = _collapsed_loops(problem, target)
     if outer:
@@ -152,13 +176,12 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
         unbatched = without_loops(problem, outer)
         if unbatched is not None:
             constraints_module(unbatched, target)
-            _SOURCES[key] = (unbatched, outer)
-            return _SOURCES[key]
+            return (unbatched, outer)
     # Loops IREE crashes on, each in every operand on its own: contraction batches, conv groups.
     batch = {"contraction": problem.loops("batch"),
              "convolution": problem.loops("depth")}.get(problem.kind, ())
     try:
-        constraints_module(problem, target)
+        text = constraints_module(problem, target)
     except DispatchTuneError as error:
         unbatched = without_loops(problem, batch) if batch else None
         if unbatched is None or "crashed" not in str(error):
@@ -167,8 +190,79 @@ def constraint_source(problem: Problem, target: Target) -> tuple[Problem, tuple[
                     error, unbatched.describe(), ", ".join(f"d{i}" for i in batch))
         constraints_module(unbatched, target)
         source = (unbatched, batch)
-    _SOURCES[key] = source
+    else:
+        # A batch matmul IREE configures without MMA (an M of 4) emits none rather than crash;
+        # raised to an intrinsic's M it would crash: the batch-less op is raised instead.
+        unbatched = without_loops(problem, batch) if batch else None
+        if problem.kind == "contraction" and CONSTRAINTS_OP not in text and unbatched is not None:
+            source = (unbatched, batch)
     return source
+
+
+CONSTRAINTS_OP = "iree_codegen.smt.constraints"
+_INTRINSIC_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)_([A-Za-z0-9]+)$")
+
+
+def with_small_loops_raised(problem: Problem, target: Target) -> Problem | None:
+    """The same contraction with each M, N or K loop smaller than every intrinsic's side there
+    raised to the smallest side; None when no loop is that small (or a map is not plain).
+
+    IREE 3.13 configures a contraction with an M or N of 2-4 without MMA and emits no
+    constraints for it, yet pads an MMA config of such an op as it pads any unaligned one
+    (IREE's tuner ships them: 16 x 32 tiles of m = 2). Its TileAndFuse constraints state every
+    loop rounded up to the intrinsic (`ceil(dim / mma) * mma`), which is the same for any size
+    up to the smallest side: the raised op's constraints, pinned back to the op's own sizes
+    (`_repin`), are the op's.
+    """
+    shapes = [(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+              for name in target.gpu_facts().mma_intrinsics
+              if (m := _INTRINSIC_SHAPE.search(name))
+              and m.group(4).lower() in {t.lower() for t in problem.input_types}]
+    if not shapes:
+        return None
+    sides = {cls: min(shape[i] for shape in shapes) for i, cls in enumerate(("m", "n", "k"))}
+    sizes = list(problem.loop_sizes)
+    for cls, side in sides.items():
+        for loop in problem.loops(cls):
+            if 1 < sizes[loop] < side:
+                sizes[loop] = side
+    if sizes == list(problem.loop_sizes):
+        return None
+    operand_shapes = []
+    for text in problem.indexing_maps:
+        results = [e.strip() for e in text.split("->", 1)[1].strip().strip("()").split(",")]
+        plain = [re.fullmatch(r"d(\d+)", e) for e in results if e]
+        if not all(plain):
+            return None
+        operand_shapes.append(tuple(sizes[int(m.group(1))] for m in plain if m))
+    return dataclasses.replace(problem, loop_sizes=tuple(sizes),
+                               operand_shapes=tuple(operand_shapes))
+
+
+def _repin(op: Any, sizes: Sequence[int]) -> str:
+    """Erase the constraint op's assertions pinning its loop sizes where `sizes` differ (the
+    op was raised by `with_small_loops_raised`), and return SMT-LIB asserting `sizes` there."""
+    pins = []
+    for i, (bound, size) in enumerate(zip(_dims_operands(op), sizes, strict=True)):
+        if bound != size:
+            _drop_assertions(op, [re.compile(rf"^dim_{i} \(\{{\}}\) == {bound}$")])
+            pins.append(f"(assert (= problem_dim_{i} {size}))\n")
+    return "".join(pins)
+
+
+def _unraised_bounds(problem: Problem, source: Problem, left_out: Sequence[int],
+                     op: Any) -> tuple[int, ...] | None:
+    """The constraint op's loop sizes for `problem` itself when `source` is raised, else None.
+
+    The op's `dims` list the source's loops without the ones left out, or without its unit
+    loops too (IREE folds those when it compiles the op alone)."""
+    kept = [size for i, size in enumerate(problem.loop_sizes) if i not in set(left_out)]
+    raised = list(source.loop_sizes)
+    if kept == raised:
+        return None
+    if len(_dims_operands(op)) != len(kept):
+        kept = [size for size, r in zip(kept, raised, strict=True) if r != 1]
+    return tuple(kept) if len(kept) == len(_dims_operands(op)) else None
 
 
 def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
@@ -191,7 +285,7 @@ def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
     outer = tuple(sorted(loop for cls in classes for loop in _collapsible_outer(problem, cls)))
     if not outer or problem.kind == "attention":
         return outer
-    entries = _template_entries(constraints_module(problem, target))
+    entries = _template_entries(constraints_module(_with_constraints(problem, target), target))
     non_unit = sum(1 for size in problem.loop_sizes if size != 1)
     return outer if entries is not None and entries < non_unit else ()
 
@@ -335,9 +429,14 @@ def gpu_spaces(
         for index, op in enumerate(_constraint_ops(module)):
             if not heuristic_filters:
                 drop_heuristic_filters(op)
+            own_bounds = _unraised_bounds(problem, source, batch, op)
+            pins = _repin(op, own_bounds) if own_bounds else ""
             space = _with_k2_floor(_describe(index, op, roots))
             if _padded_k(space, op):
                 space = dataclasses.replace(_describe(index, op, roots), padded_k=True)
+            if own_bounds:
+                space = dataclasses.replace(space, smtlib=space.smtlib + pins,
+                                            loop_bounds=own_bounds)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
                 continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
             if batch:
@@ -418,7 +517,7 @@ def violated_constraints(
     from iree.compiler.dialects import iree_codegen
     from z3.z3util import get_vars
 
-    source, _ = constraint_source(problem, target)
+    source, left_out = constraint_source(problem, target)
     with ir.Context():
         module = ir.Module.parse(constraints_module(source, target))  # held: its ops die with it
         op = _constraint_ops(module)[space.index]
@@ -426,6 +525,8 @@ def violated_constraints(
             drop_heuristic_filters(op)
         if space.padded_k:  # the space's own rows have partial, padded K tiles
             _drop_assertions(op, K_ALIGNMENT)
+        own_bounds = _unraised_bounds(problem, source, left_out, op)
+        pins = _repin(op, own_bounds) if own_bounds else ""
         messages = [ir.StringAttr(a.attributes["msg"]).value for a in _assert_ops(op)]
 
         def converted(keep: int | None) -> str:
@@ -440,7 +541,7 @@ def violated_constraints(
 
         base_text = converted(None)
         texts = [converted(i) for i in range(len(messages))]
-    base = list(z3.parse_smt2_string(base_text))
+    base = list(z3.parse_smt2_string(base_text + pins))
     known = {str(f.sexpr()) for f in base}
     solver = z3.Solver()
     solver.set("core.minimize", True)

@@ -134,6 +134,26 @@ def test_implicit_gemm_expert_outside_the_space_names_the_constraint() -> None:
     assert iree_exclusion(inside.problem, inside.config, False) == ""
 
 
+def test_small_and_multi_m_contraction_experts_in_the_space_or_told_why_not() -> None:
+    """An M of 2 (no constraints from IREE 3.13 itself) has a space that holds the tuner's
+    padded config; a multi-M expert tiling the loop IREE collapses is outside, and the report
+    names that loop, not IREE's assertions on the loops left in."""
+    from dispatchtune.benchmarks.expert_order import expert_mask, iree_exclusion
+    from dispatchtune.search import enumerate_candidates
+
+    entries = {e.matcher: e for e in
+               load_spec_file(FIXTURES / "small_and_multi_m_contractions.mlir")}
+    for name, inside in (("match_m2", True), ("match_m6x16_outer_1", True),
+                         ("match_m6x16_outer_2", False)):
+        entry = entries[name]
+        assert entry.problem is not None and entry.config is not None
+        table = enumerate_candidates(entry.problem, "gfx942", heuristic_filters=False).table
+        assert expert_mask(table, expert_columns(entry))[0].any() == inside, name
+        reason = iree_exclusion(entry.problem, entry.config, False)
+        assert reason == ("" if inside else "tile 2 on d0, a loop candidates tile by 1 (IREE "
+                          "collapses it into the next loop when it compiles the op alone)"), name
+
+
 def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
     """`python benchmarks/expert_order.py SPEC_DIR -o out/whole --no-heuristic-filters`, as a
     subprocess: a report with each expert's place, and IREE's reason for the one outside."""

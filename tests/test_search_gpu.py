@@ -17,12 +17,15 @@ from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, w
 from dispatchtune.problem import Problem
 from dispatchtune.search import CandidateSet, enumerate_candidates
 from dispatchtune.search.gpu import (
+    CONSTRAINTS_OP,
     GpuMaterializer,
     GpuSpace,
+    constraints_module,
     enumerate_space,
     gpu_spaces,
     reference_solutions,
     violated_constraints,
+    with_small_loops_raised,
     without_loops,
 )
 from dispatchtune.targets import get_target
@@ -538,14 +541,15 @@ def test_attention_loops_iree_collapses_alone_get_a_tile_of_1(tmp_path: Path) ->
     assert any(config_applied(info, got) for got in applied_configs(bench, target, spec))
 
 
-def test_contraction_loops_kept_in_the_dispatch_are_never_tiled_as_collapsed() -> None:
+def test_contraction_loops_kept_in_the_dispatch_are_never_tiled_as_collapsed(
+        tmp_path: Path) -> None:
     """ResNet's NCHW 1x1 convolution as a contraction, m=2x4x4: IREE collapses the 4x4 image
     when it compiles the op alone (4-entry template), its dispatch keeps 5 loops. Candidates
     of the collapsed op overflowed shared memory or timed out there; now the image's outer loop
-    gets a tile of 1, and IREE has no constraints for what is left (M 2x4): not tuned, saying
-    why, rather than configurations that tile other loops than they name."""
+    gets a tile of 1. IREE has no constraints for what is left (M 2x4, below the intrinsic):
+    they come from the op with those loops raised, pinned back, and apply and compile."""
     from dispatchtune import load_problems
-    from dispatchtune.search.gpu import _collapsible_outer
+    from dispatchtune.search.gpu import _collapsible_outer, constraint_source
 
     bench = Path(__file__).parent / "fixtures" / "gfx942_resnet_nchw_1x1_benchmark.mlir"
     target = get_target("gfx942")
@@ -553,9 +557,18 @@ def test_contraction_loops_kept_in_the_dispatch_are_never_tiled_as_collapsed() -
     assert problem.sizes("m") == (2, 4, 4)
     image = problem.loops("m")[1:]
     assert _collapsible_outer(problem, "m") == [image[0]]  # the batch loop is not adjacent
-    with pytest.raises(DispatchTuneError, match=rf"keeps loop\(s\) d{image[0]}, which IREE "
-                       r"collapses into the next loop only when it compiles the op alone"):
-        enumerate_candidates(problem, target)
+    source, left_out = constraint_source(problem, target)
+    assert left_out == (image[0],) and source.sizes("m") == (16, 16)
+    cands = enumerate_candidates(problem, target)
+    infos = cands.compilation_infos()
+    assert all(re.search(r"workgroup = \[\d+, \d+, 1, \d+, 0\]", info) for info in infos)
+    for row in (0, len(cands) - 1):
+        spec = write_spec(tuning_spec([(problem, infos[row])]), tmp_path / f"{row}.mlir")
+        assert any(config_applied(infos[row], got)
+                   for got in applied_configs(bench, target, spec))
+        proc = run_tool("iree-compile", [str(bench), *target.tuning_spec_flags(spec), "-o",
+                                         str(tmp_path / f"{row}.vmfb")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_sdxl_attention_candidates_name_every_loop_as_irees_own_spec() -> None:
@@ -594,6 +607,43 @@ def test_unaligned_tileandfuse_candidates_are_padded_and_compile(tmp_path: Path)
         _applies_and_compiles(problem, infos[row], source, tmp_path / f"m{row}")
     aligned = enumerate_candidates(Problem.matmul(256, 256, 256, "f16"), "gfx942")
     assert not any("padding" in info for info in aligned.compilation_infos([0, len(aligned) - 1]))
+
+
+def test_a_contraction_below_the_intrinsic_gets_irees_padded_space(tmp_path: Path) -> None:
+    """IREE 3.13 configures an M of 2 without MMA and emits no constraints; its TileAndFuse set
+    rounds every loop up to the intrinsic, so the set of M = 16, pinned back to 2, is the op's:
+    the same rows, padded, applied and compiled."""
+    from dispatchtune import load_problems
+
+    target = get_target("gfx942")
+    small = Problem.matmul(2, 256, 512, "f16", out_type="f32")
+    assert CONSTRAINTS_OP not in constraints_module(small, target)
+    raised = with_small_loops_raised(small, target)
+    assert raised is not None and raised.loop_sizes == (16, 256, 512)
+    assert with_small_loops_raised(Problem.matmul(64, 64, 64, "f16"), target) is None
+    # VectorDistribute's set divides the loops unpadded: it admits nothing at M = 2.
+    space = next(s for s in gpu_spaces(small, target) if s.pipeline == "TileAndFuse")
+    assert space.loop_bounds == (2, 256, 512)
+    # An M tile above the padded M is IREE's own "wg_0 <= dim_0", read at M = 2.
+    assert violated_constraints(small, target, space, {"wg_0": 48}) == ["wg_0 <= dim_0"]
+    aligned = next(s for s in gpu_spaces(raised, target) if s.pipeline == "TileAndFuse")
+    rows = sorted(_knob_rows(space, enumerate_space(space)))
+    assert rows and rows == sorted(_knob_rows(aligned, enumerate_space(aligned)))
+    source = tmp_path / "small.mlir"
+    source.write_text(small.to_mlir())
+    (problem,) = load_problems(source, target)
+    cands = enumerate_candidates(problem, target)
+    infos = cands.compilation_infos()
+    assert len(infos) == len(rows)
+    # M padded to its tile (16 or 32), as IREE pads its own config of an M of 5.
+    assert all(re.search(r"padding = \[(\d+), .*workgroup = \[\1, ", info) for info in infos)
+    for row in (0, len(cands) // 2, len(cands) - 1):
+        _applies_and_compiles(problem, infos[row], source, tmp_path / f"m{row}")
+    # Batched, IREE emits none rather than crash; raised it would crash: the batch-less op is
+    # raised, and the batch loop gets a tile of 1.
+    batched = enumerate_candidates(Problem.batch_matmul(3, 2, 256, 512, "f16", out_type="f32"),
+                                   target)
+    assert len(batched) == len(rows) and (batched.table["tile_b"] == 1).all()
 
 
 STRIDED_CONV = Path(__file__).parent / "fixtures" / "conv_stride2_f32.mlir"
