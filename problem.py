@@ -532,7 +532,7 @@ class Problem:
             zero = "0.0" if _is_float(out_elem) else "0"
             n_loops = len(self.loop_sizes)
             iterators = ", ".join(
-                '"reduction"' if i in self._reduction_loops() else '"parallel"'
+                '"reduction"' if i in self.reduction_loops() else '"parallel"'
                 for i in range(n_loops)
             )
             ins = ", ".join(f"%arg{i}" for i in range(len(tensor) - 1))
@@ -550,7 +550,8 @@ class Problem:
         lines += [f"  return %out : {out_t}", "}", ""]
         return "\n".join(lines)
 
-    def _reduction_loops(self) -> set[int]:
+    def reduction_loops(self) -> set[int]:
+        """Indices of the op's reduction loops (the others are parallel)."""
         reduction_classes = {
             "contraction": ("k",),
             "convolution": ("filter_loop", "input_channel"),

@@ -44,8 +44,9 @@ from dispatchtune.targets import Target, get_target
 TARGET = "gfx942"
 #: Bump when enumeration changes candidate-table columns or rows: `candidate_table`'s cache is
 #: keyed by it (3: attention K2 tiles below the Q x K^T intrinsic's N dropped; loops a dispatch
-#: keeps that IREE collapses alone tiled out).
-TABLE_VERSION = 3
+#: keeps that IREE collapses alone tiled out; 4: implicit-GEMM rows of grouped convolutions,
+#: contractions with loops below the intrinsic enumerated).
+TABLE_VERSION = 4
 #: Attributes checked in this order when an expert configuration is not in the space.
 MATCH_COLUMNS = (
     "pipeline", "intrinsic", "tile_b", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n",

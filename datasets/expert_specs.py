@@ -816,7 +816,7 @@ def _waves(configuration: str) -> int:
 def _parse_2024(text: str, problem: Problem) -> ExpertConfig:
     """A 2024-syntax compilation_info (tile_sizes + mma_schedule), mapped by meaning."""
     tiles = _ints(re.search(r"tile_sizes\s*=\s*\[\[([^\]]*)\]", text).group(1))  # type: ignore[union-attr]
-    reduction_loops = problem._reduction_loops()
+    reduction_loops = problem.reduction_loops()
     bounds = problem.loop_sizes
     if len(tiles) != len(bounds):
         raise InputError(f"tile_sizes has {len(tiles)} entries for {len(bounds)} loops")

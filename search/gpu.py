@@ -12,8 +12,11 @@ IREE 3.13 crashes (SIGSEGV) emitting constraints for contractions with batch loo
 `batch_matmul` on any GPU target) and for grouped convolutions (a group loop in input, filter
 and output: the `depth` class). For those the constraints come from the same op without those
 loops, and every candidate gets a tile of 1 there (`GpuSpace.batch_loops`), the tile IREE's own
-default batch configuration uses. A grouped convolution keeps the direct lowering only: IREE's
-implicit-GEMM loops of the group-less op say nothing of where a group loop would go. Loops IREE
+default batch configuration uses. A grouped convolution's implicit-GEMM set puts the group
+loop among the GEMM loops where it sits among the convolution's parallel loops (IREE's order:
+`_with_group_loops`). Contractions with an M, N or K below every intrinsic, for which IREE
+emits none, take the constraints of the op with those loops raised (`with_small_loops_raised`),
+pinned back to the op's sizes. Loops IREE
 collapses when it compiles the op alone but a model's dispatch keeps (an attention's batch x
 heads or query groups x sequence, a contraction's image: `_collapsed_loops`) get the same
 treatment, so that every configuration names every loop of the op it is applied to.
@@ -98,8 +101,9 @@ class GpuSpace:
     #: IREE's `K_ALIGNMENT` assertion was dropped from this set (`_padded_k`): its K tiles may be
     #: partial and are padded.
     padded_k: bool = False
-    #: Loops of the problem that IREE's constraints do not cover (batch loops of a contraction
-    #: whose constraints come from its batch-less equivalent): workgroup tile 1, not reduced.
+    #: Loops of the template that IREE's constraints do not cover (batch loops of a contraction
+    #: whose constraints come from its batch-less equivalent, group loops of a convolution; the
+    #: problem's loops, or an implicit GEMM's): workgroup tile 1, not reduced.
     batch_loops: tuple[int, ...] = ()
 
     def system(self) -> ConstraintSystem:
@@ -438,8 +442,11 @@ def gpu_spaces(
                 space = dataclasses.replace(space, smtlib=space.smtlib + pins,
                                             loop_bounds=own_bounds)
             if batch and len(space.loop_bounds) != len(source.loop_sizes):
-                continue  # implicit-GEMM loops of the loop-less op: no place for the tile of 1
-            if batch:
+                grouped = _with_group_loops(space, problem, source, batch)
+                if grouped is None:
+                    continue  # implicit-GEMM loops in another order than the conv's: no place
+                space = grouped
+            elif batch:
                 space = _with_batch_loops(space, batch, problem.loop_sizes, _space_classes(
                     problem, batch))
             space = _with_unit_loops(space, problem)
@@ -624,6 +631,32 @@ def _with_batch_loops(space: GpuSpace, loops: tuple[int, ...], bounds: tuple[int
         image_loops=remap(space.image_loops),
         batch_loops=loops,
     )
+
+
+def _with_group_loops(space: GpuSpace, problem: Problem, source: Problem,
+                      groups: Sequence[int]) -> GpuSpace | None:
+    """The implicit-GEMM set of a group-less convolution stated for the grouped one: its group
+    loops, tile 1, among the implicit-GEMM loops where they sit among the convolution's parallel
+    loops; None unless the set's GEMM loops follow the source's parallel loops in order.
+
+    IREE forms an implicit GEMM from the convolution's parallel loops in order, then K (the
+    tuner's grouped configs read `workgroup = [oh, ow, group, oc, K]`, and IREE 3.13 applies and
+    builds them), so the group-less set plus a group loop is the grouped op's.
+    """
+    if not space.igemm or not space.conv_loops:
+        return None
+    parallel = [d for d in range(len(source.loop_sizes))
+                if d not in source.reduction_loops()]
+    if [space.conv_loops[d] for d in parallel] != list(range(len(parallel))):
+        return None
+    parallel = [d for d in range(len(problem.loop_sizes)) if d not in problem.reduction_loops()]
+    positions = tuple(parallel.index(d) for d in groups)
+    bounds = tuple(_insert(space.loop_bounds, positions, 0))
+    bounds = tuple(problem.loop_sizes[groups[positions.index(i)]] if i in positions else b
+                   for i, b in enumerate(bounds))
+    grouped = _with_batch_loops(space, positions, bounds, {p: "b" for p in positions})
+    return dataclasses.replace(grouped, conv_loops=tuple(
+        parallel.index(d) if d in parallel else -1 for d in range(len(problem.loop_sizes))))
 
 
 def with_batch_tiles(info: Any, loops: Sequence[int]) -> Any:

@@ -438,27 +438,37 @@ def _grouped_conv() -> Problem:
 
 
 def test_grouped_convolution_from_the_groupless_constraints(tmp_path: Path) -> None:
-    """IREE crashes emitting grouped-conv constraints: the group-less ones, a group tile of 1,
-    direct lowering only; a candidate is applied exactly and compiles."""
+    """IREE crashes emitting grouped-conv constraints: the group-less ones with a group tile of
+    1, in both lowerings (the group among the implicit GEMM's loops where it sits among the
+    convolution's parallel loops); a candidate of each is applied exactly and compiles."""
     problem = _grouped_conv()
     assert problem.loops("depth") == (3,)
     target = get_target("gfx942")
     spaces = gpu_spaces(problem, target)
-    assert spaces and all(s.batch_loops == (3,) and s.workgroup[3] == 1 and not s.igemm
-                          for s in spaces)
+    direct = [s for s in spaces if not s.igemm]
+    implicit = [s for s in spaces if s.igemm]
+    assert direct and all(s.batch_loops == (3,) and s.workgroup[3] == 1 for s in direct)
+    # Implicit GEMM (n, oh, ow, g, oc, K): the group is its loop 3 too, and `padding_conv`
+    # follows the convolution's 8 loops.
+    assert implicit and all(s.batch_loops == (3,) and s.workgroup[3] == 1
+                            and s.loop_bounds[:5] == (2, 16, 16, 4, 32)
+                            and s.conv_loops == (0, 1, 2, 3, 4, -1, -1, -1) for s in implicit)
     cands = enumerate_candidates(problem, target)
     t = cands.table
-    assert len(t) > 0 and (t["tile_b"] == 1).all() and (t["igemm"] == 0).all()
-    info = cands.compilation_info(len(t) // 2)
-    assert re.search(r"workgroup = \[\d+, \d+, \d+, 1, \d+, 0, 0, 0\]", info)
+    assert len(t) > 0 and (t["tile_b"] == 1).all() and set(t["igemm"]) == {0, 1}
     source = tmp_path / "grouped.mlir"
     source.write_text(problem.to_mlir())
-    spec = write_spec(tuning_spec([(problem, info)]), tmp_path / "spec.mlir")
-    assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
-    proc = run_tool("iree-compile", [str(source), *target.compile_flags,
-                                     *target.tuning_spec_flags(spec), "-o",
-                                     str(tmp_path / "grouped.vmfb")])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    for lowering, pattern in ((0, r"workgroup = \[\d+, \d+, \d+, 1, \d+, 0, 0, 0\]"),
+                              (1, r"workgroup = \[\d+, \d+, \d+, 1, \d+, 0\]")):
+        rows = t.index[t["igemm"] == lowering]
+        info = cands.compilation_info(int(rows[len(rows) // 2]))
+        assert re.search(pattern, info), info
+        spec = write_spec(tuning_spec([(problem, info)]), tmp_path / f"spec{lowering}.mlir")
+        assert any(config_applied(info, got) for got in applied_configs(source, target, spec))
+        proc = run_tool("iree-compile", [str(source), *target.compile_flags,
+                                         *target.tuning_spec_flags(spec), "-o",
+                                         str(tmp_path / "grouped.vmfb")])
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_masked_attention_candidates_apply_on_gfx942(tmp_path: Path) -> None:
