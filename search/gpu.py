@@ -264,9 +264,10 @@ def _unraised_bounds(problem: Problem, source: Problem, left_out: Sequence[int],
     raised = list(source.loop_sizes)
     if kept == raised:
         return None
-    if len(_dims_operands(op)) != len(kept):
+    loops = len(_dims_operands(op))
+    if loops != len(kept):
         kept = [size for size, r in zip(kept, raised, strict=True) if r != 1]
-    return tuple(kept) if len(kept) == len(_dims_operands(op)) else None
+    return tuple(kept) if len(kept) == loops else None
 
 
 def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
@@ -645,16 +646,16 @@ def _with_group_loops(space: GpuSpace, problem: Problem, source: Problem,
     """
     if not space.igemm or not space.conv_loops:
         return None
-    parallel = [d for d in range(len(source.loop_sizes))
-                if d not in source.reduction_loops()]
-    if [space.conv_loops[d] for d in parallel] != list(range(len(parallel))):
+    source_parallel = [d for d in range(len(source.loop_sizes))
+                       if d not in source.reduction_loops()]
+    if [space.conv_loops[d] for d in source_parallel] != list(range(len(source_parallel))):
         return None
     parallel = [d for d in range(len(problem.loop_sizes)) if d not in problem.reduction_loops()]
-    positions = tuple(parallel.index(d) for d in groups)
-    bounds = tuple(_insert(space.loop_bounds, positions, 0))
-    bounds = tuple(problem.loop_sizes[groups[positions.index(i)]] if i in positions else b
-                   for i, b in enumerate(bounds))
-    grouped = _with_batch_loops(space, positions, bounds, {p: "b" for p in positions})
+    positions = tuple(parallel.index(d) for d in groups)  # in order: `groups` is sorted
+    bounds = list(space.loop_bounds)
+    for position, group in zip(positions, groups, strict=True):
+        bounds.insert(position, problem.loop_sizes[group])
+    grouped = _with_batch_loops(space, positions, tuple(bounds), {p: "b" for p in positions})
     return dataclasses.replace(grouped, conv_loops=tuple(
         parallel.index(d) if d in parallel else -1 for d in range(len(problem.loop_sizes))))
 
