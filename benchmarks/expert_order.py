@@ -283,8 +283,8 @@ def _left_out_tiles(problem: Problem, config: ExpertConfig, spaces: Sequence[Gpu
     if not own or len(config.workgroup) != len(problem.loop_sizes):
         return ""
     left_out = set.intersection(*(set(space.batch_loops) for space in own))
-    tiled = [(loop, config.workgroup[loop] or problem.loop_sizes[loop]) for loop in sorted(left_out)
-             if (config.workgroup[loop] or problem.loop_sizes[loop]) != 1]
+    whole = [tile or size for tile, size in zip(config.workgroup, problem.loop_sizes, strict=True)]
+    tiled = [(loop, whole[loop]) for loop in sorted(left_out) if whole[loop] != 1]
     if not tiled:
         return ""
     crashing = {*problem.loops("batch"), *problem.loops("depth")}

@@ -48,6 +48,9 @@ Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
 logger = logging.getLogger(__name__)
 
+#: The op IREE attaches per candidate pipeline (and lowering) when it emits constraints.
+CONSTRAINTS_OP = "iree_codegen.smt.constraints"
+
 #: Assertions IREE emits under "Additional heuristic filters to narrow the search space"
 #: (LLVMGPUConstraintGenerator.cpp, VectorDistribute constraint 9), matched on their message. They
 #: exclude most expert configurations, which compile, but also some candidates that do not
@@ -197,13 +200,13 @@ def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tup
     else:
         # A batch matmul IREE configures without MMA (an M of 4) emits none rather than crash;
         # raised to an intrinsic's M it would crash: the batch-less op is raised instead.
-        unbatched = without_loops(problem, batch) if batch else None
-        if problem.kind == "contraction" and CONSTRAINTS_OP not in text and unbatched is not None:
-            source = (unbatched, batch)
+        if problem.kind == "contraction" and batch and CONSTRAINTS_OP not in text:
+            unbatched = without_loops(problem, batch)
+            if unbatched is not None:
+                source = (unbatched, batch)
     return source
 
 
-CONSTRAINTS_OP = "iree_codegen.smt.constraints"
 _INTRINSIC_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)_([A-Za-z0-9]+)$")
 
 
@@ -234,8 +237,7 @@ def with_small_loops_raised(problem: Problem, target: Target) -> Problem | None:
         return None
     operand_shapes = []
     for text in problem.indexing_maps:
-        results = [e.strip() for e in text.split("->", 1)[1].strip().strip("()").split(",")]
-        plain = [re.fullmatch(r"d(\d+)", e) for e in results if e]
+        plain = [re.fullmatch(r"d(\d+)", e) for e in _map_results(text)]
         if not all(plain):
             return None
         operand_shapes.append(tuple(sizes[int(m.group(1))] for m in plain if m))
@@ -270,6 +272,12 @@ def _unraised_bounds(problem: Problem, source: Problem, left_out: Sequence[int],
     return tuple(kept) if len(kept) == loops else None
 
 
+def _map_results(text: str) -> list[str]:
+    """The result expressions of an affine map's text, e.g. ["d0", "d1 * 2 + d4"]."""
+    results = text.split("->", 1)[1].strip().strip("()")
+    return [e.strip() for e in results.split(",")] if results.strip() else []
+
+
 def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
     """Loops of `problem` that IREE collapses into the next loop of their class when it forms a
     dispatch of the op alone, but that a model's dispatch may keep (`_collapsible_outer`: an
@@ -300,8 +308,7 @@ def _collapsible_outer(problem: Problem, cls: str) -> list[int]:
     indexes an operand (the mask too), the next one follows it at once (IREE's criterion for
     collapsing dimensions)."""
     maps = [*problem.indexing_maps, *([problem.mask_map] if problem.mask_map else [])]
-    results = [[e.strip() for e in m.split("->", 1)[1].strip().strip("()").split(",")]
-               for m in maps]
+    results = [_map_results(m) for m in maps]
     loops = [i for i in problem.loops(cls) if problem.loop_sizes[i] != 1]
     outer = []
     for a, b in itertools.pairwise(loops):
@@ -328,8 +335,7 @@ def without_loops(problem: Problem, loops: Sequence[int]) -> Problem | None:
 
     def reduced(text: str, shape: Sequence[int]) -> list[tuple[str, int]] | None:
         """(result, size) of one map's results without the dropped loops (renumbered)."""
-        results = text.split("->", 1)[1].strip().strip("()")
-        exprs = [e.strip() for e in results.split(",")] if results.strip() else []
+        exprs = _map_results(text)
         if len(exprs) != len(shape):
             return None
         keep = []
@@ -411,7 +417,7 @@ def _ops_named(root: Any, name: str) -> list[Any]:
 
 
 def _constraint_ops(module: Any) -> list[Any]:
-    return _ops_named(module.operation, "iree_codegen.smt.constraints")
+    return _ops_named(module.operation, CONSTRAINTS_OP)
 
 
 def gpu_spaces(
