@@ -207,7 +207,21 @@ def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tup
     return source
 
 
-_INTRINSIC_SHAPE = re.compile(r"_(\d+)x(\d+)x(\d+)_([A-Za-z0-9]+)$")
+#: An intrinsic's name ends with its shape and operand type(s): MFMA_F32_16x16x16_F16 is 16 x 16 x
+#: 16 on f16 operands.
+_INTRINSIC_NAME = re.compile(r"_(\d+)x(\d+)x(\d+)((?:_[A-Za-z0-9]+)+)$")
+
+
+def _intrinsic_shapes(target: Target, element_types: Sequence[str]) -> list[tuple[int, int, int]]:
+    """M, N and K of the target's MMA intrinsics whose operand types are all among
+    `element_types`."""
+    wanted = {t.lower() for t in element_types}
+    shapes = []
+    for name in target.gpu_facts().mma_intrinsics:
+        match = _INTRINSIC_NAME.search(name)
+        if match and {t.lower() for t in match.group(4).split("_")[1:]} <= wanted:
+            shapes.append((int(match.group(1)), int(match.group(2)), int(match.group(3))))
+    return shapes
 
 
 def with_small_loops_raised(problem: Problem, target: Target) -> Problem | None:
@@ -221,10 +235,7 @@ def with_small_loops_raised(problem: Problem, target: Target) -> Problem | None:
     up to the smallest side: the raised op's constraints, pinned back to the op's own sizes
     (`_repin`), are the op's.
     """
-    shapes = [(int(m.group(1)), int(m.group(2)), int(m.group(3)))
-              for name in target.gpu_facts().mma_intrinsics
-              if (m := _INTRINSIC_SHAPE.search(name))
-              and m.group(4).lower() in {t.lower() for t in problem.input_types}]
+    shapes = _intrinsic_shapes(target, problem.input_types)
     if not shapes:
         return None
     sides = {cls: min(shape[i] for shape in shapes) for i, cls in enumerate(("m", "n", "k"))}
@@ -505,9 +516,7 @@ def _why_no_constraints(problem: Problem, target: Target, source: Problem | None
     if problem.kind == "convolution" and problem.loops("depth") and not problem.loops(
             "input_channel"):
         return "a depthwise convolution has no channel reduction for an MMA intrinsic"
-    # An intrinsic's name ends with its operand type: MFMA_F32_16x16x16_F16 takes f16.
-    taken = {name.rsplit("_", 1)[-1].lower() for name in target.gpu_facts().mma_intrinsics}
-    if not taken & {t.lower() for t in problem.input_types}:
+    if not _intrinsic_shapes(target, problem.input_types):
         return (f"no MMA intrinsic of {target.name} takes "
                 f"{'/'.join(sorted(set(problem.input_types)))}")
     return ("it has MMA intrinsics for these element types; IREE's constraint generator does not "
