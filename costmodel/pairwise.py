@@ -57,6 +57,12 @@ BASIS_FEATURES: tuple[str, ...] = (
 #: express a preference for a value of the difference (its square) from their squares alone;
 #: held out it helps contractions (docs/gpu_order.md, part 11).
 DERIVED_FEATURES: dict[str, tuple[str, str]] = {"mma_tiles_m": ("vec_m", "mma_m")}
+#: Features capped at a value before they enter the basis like `BASIS_FEATURES`: `cu_fill`, the
+#: share of the GPU's compute units that get a workgroup (workgroups per CU, at most 1). It is 1
+#: (and standardises away) on a dispatch whose every candidate fills the GPU, and says how much of
+#: it a candidate leaves idle on a small one, apart from the tail of the last wave that
+#: `wave_quantization` measures on large ones.
+CAPPED_FEATURES: dict[str, tuple[str, float]] = {"cu_fill": ("workgroups_per_cu", 1.0)}
 #: Label of a positive (expert) row, a weak positive (IREE default) row; other rows are 0.
 POSITIVE, WEAK_POSITIVE = 1.0, 0.5
 #: Pipelines of the gfx942 space (the candidate table's `pipeline` column), the names a model's
@@ -99,8 +105,8 @@ def _standardised(z: np.ndarray) -> np.ndarray:
 
 def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
           kind_terms: bool = False, pipeline_terms: bool = False) -> np.ndarray:
-    """Rows x basis columns: log2 of each feature and `DERIVED_FEATURES` ratio (floored at
-    2^-10), its square / 10, the heuristic's term scores, VectorDistribute (1/0) and the
+    """Rows x basis columns: log2 of each feature, `DERIVED_FEATURES` ratio and
+    `CAPPED_FEATURES` value (floored at 2^-10), its square / 10, the heuristic's term scores, VectorDistribute (1/0) and the
     `TABLE_COLUMNS` of the candidate
     `table` (the same rows; without it those columns are 0); standardised over the rows given
     (one candidate set). `kind_terms`: the same columns again, times 1 on attention rows (else
@@ -110,14 +116,17 @@ def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
     the order within that pipeline gets weights of its own (docs/gpu_order.md, part 14)."""
     from dispatchtune.costmodel.heuristic import HeuristicModel
 
-    needed = [*BASIS_FEATURES, *(n for pair in DERIVED_FEATURES.values() for n in pair)]
+    needed = [*BASIS_FEATURES, *(n for pair in DERIVED_FEATURES.values() for n in pair),
+              *(name for name, _ in CAPPED_FEATURES.values())]
     missing = [name for name in needed if name not in features.columns]
     if missing:
         raise InputError(f"feature table lacks {missing[0]!r} needed by the pairwise model")
     values = features[list(BASIS_FEATURES)].to_numpy(np.float64)
     ratios = [features[a].to_numpy(np.float64) / np.maximum(features[b].to_numpy(np.float64), 1e-9)
               for a, b in DERIVED_FEATURES.values()]
-    x = np.log2(np.maximum(np.column_stack([values, *ratios]), 2.0**-10))
+    capped = [np.minimum(features[name].to_numpy(np.float64), cap)
+              for name, cap in CAPPED_FEATURES.values()]
+    x = np.log2(np.maximum(np.column_stack([values, *ratios, *capped]), 2.0**-10))
     terms = HeuristicModel().term_scores(features).to_numpy(np.float64)
     own = np.zeros((len(x), 1 + len(TABLE_COLUMNS)))
     pipeline = np.full(len(x), "", dtype=object)
@@ -154,7 +163,7 @@ def basis_names(kind_terms: bool = False, pipeline_terms: bool = False) -> list[
     # The heuristic's GPU terms: those it computes for a one-row GPU feature table.
     probe = pd.DataFrame({name: [1.0] for name in FEATURE_NAMES})
     terms = [f"term_{t}" for t in HeuristicModel().term_scores(probe).columns]
-    logged = [*BASIS_FEATURES, *DERIVED_FEATURES]
+    logged = [*BASIS_FEATURES, *DERIVED_FEATURES, *CAPPED_FEATURES]
     names = ([f"log2_{n}" for n in logged] + [f"log2_{n}_sq" for n in logged]
              + terms + ["vector_distribute", *TABLE_COLUMNS])
     own = list(names)

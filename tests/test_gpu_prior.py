@@ -225,6 +225,23 @@ def test_basis_holds_the_intrinsic_tiles_per_subgroup_and_a_preference_for_one_v
         basis(features.drop(columns=["vec_m"]))
 
 
+def test_basis_holds_the_share_of_the_gpus_cus_a_candidate_fills() -> None:
+    """`cu_fill` (workgroups per CU, at most 1) is a basis column with its square: it tells the
+    candidates of a dispatch too small to fill the GPU apart, and standardises away on one whose
+    every candidate fills it (part 22)."""
+    features, _, _ = _one_expert()
+    names = basis_names()
+    per_cu = features["workgroups_per_cu"].to_numpy()
+    assert (per_cu < 1).any() and len(set(per_cu.tolist())) >= 3  # 256 x 256 on 304 CUs
+    fill = np.log2(np.minimum(per_cu, 1.0))
+    column = basis(features)[:, names.index("log2_cu_fill")]
+    assert np.allclose(column, (fill - fill.mean()) / (fill.std() + 1e-9))
+    assert "log2_cu_fill_sq" in names
+    full = features.assign(workgroups_per_cu=np.maximum(per_cu, 1.0) * 3)
+    assert np.allclose(basis(full)[:, names.index("log2_cu_fill")], 0.0)
+    assert not np.allclose(basis(full)[:, names.index("log2_workgroups_per_cu")], 0.0)
+
+
 def test_listwise_half_keeps_the_positive_on_top_and_the_model_file_format() -> None:
     """`listwise` fits a softmax-per-group ranker on the same basis and stores the mean of the two
     unit weight vectors: one weight array, the usual params, and an order that still puts the
