@@ -106,9 +106,9 @@ def _standardised(z: np.ndarray) -> np.ndarray:
 def basis(features: pd.DataFrame, table: pd.DataFrame | None = None,
           kind_terms: bool = False, pipeline_terms: bool = False) -> np.ndarray:
     """Rows x basis columns: log2 of each feature, `DERIVED_FEATURES` ratio and
-    `CAPPED_FEATURES` value (floored at 2^-10), its square / 10, the heuristic's term scores, VectorDistribute (1/0) and the
-    `TABLE_COLUMNS` of the candidate
-    `table` (the same rows; without it those columns are 0); standardised over the rows given
+    `CAPPED_FEATURES` value (floored at 2^-10), its square / 10, the heuristic's term scores,
+    VectorDistribute (1/0) and the `TABLE_COLUMNS` of the candidate `table` (the same rows;
+    without it those columns are 0); standardised over the rows given
     (one candidate set). `kind_terms`: the same columns again, times 1 on attention rows (else
     0), so attention gets its own weights on top of the shared ones (one candidate set is one
     op, so the flag is constant within it and comparisons stay within a kind). `pipeline_terms`:
