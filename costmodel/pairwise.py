@@ -52,11 +52,14 @@ BASIS_FEATURES: tuple[str, ...] = (
     "mma_n", "mma_area_to_volume",
 )
 #: Ratios of two features that enter the basis like `BASIS_FEATURES` (log2 and its square):
-#: `mma_tiles_m`, the intrinsic tiles one subgroup holds along M (per-subgroup M tile / intrinsic
-#: M). Each is a difference of two log columns already in the basis, but a linear score cannot
-#: express a preference for a value of the difference (its square) from their squares alone;
-#: held out it helps contractions (docs/gpu_order.md, part 11).
-DERIVED_FEATURES: dict[str, tuple[str, str]] = {"mma_tiles_m": ("vec_m", "mma_m")}
+#: `mma_tiles_m` and `mma_tiles_n`, the intrinsic tiles one subgroup holds along M and N
+#: (per-subgroup tile / intrinsic size). Each is a difference of two log columns already in the
+#: basis, but a linear score cannot express a preference for a value of the difference (its
+#: square) from their squares alone; held out they help contractions (docs/gpu_order.md, parts
+#: 11 and 23).
+DERIVED_FEATURES: dict[str, tuple[str, str]] = {
+    "mma_tiles_m": ("vec_m", "mma_m"), "mma_tiles_n": ("vec_n", "mma_n"),
+}
 #: Features capped at a value before they enter the basis like `BASIS_FEATURES`: `cu_fill`, the
 #: share of the GPU's compute units that get a workgroup (workgroups per CU, at most 1). It is 1
 #: (and standardises away) on a dispatch whose every candidate fills the GPU, and says how much of

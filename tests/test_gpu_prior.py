@@ -202,27 +202,31 @@ def test_basis_weighs_the_intrinsic_in_three_columns_and_the_shipped_model_match
     assert len(model.weights) == len(names)
 
 
-def test_basis_holds_the_intrinsic_tiles_per_subgroup_and_a_preference_for_one_value() -> None:
-    """`mma_tiles_m` (per-subgroup M tile / intrinsic M) is a basis column with its square, so a
-    linear score can prefer one count of intrinsic tiles per subgroup over both fewer and more
-    (part 11: the columns of vec_m and mma_m alone cannot)."""
+@pytest.mark.parametrize(("name", "tile", "intrinsic"),
+                         [("mma_tiles_m", "vec_m", "mma_m"), ("mma_tiles_n", "vec_n", "mma_n")])
+def test_basis_holds_the_intrinsic_tiles_per_subgroup_and_a_preference_for_one_value(
+    name: str, tile: str, intrinsic: str,
+) -> None:
+    """`mma_tiles_m` and `mma_tiles_n` (per-subgroup tile / intrinsic size) are basis columns with
+    their squares, so a linear score can prefer one count of intrinsic tiles per subgroup over
+    both fewer and more (parts 11 and 23: the columns of the tile and the intrinsic alone cannot)."""
     features, _, groups = _one_expert()
     names = basis_names()
     z = basis(features)
-    tiles = np.log2(features["vec_m"].to_numpy() / features["mma_m"].to_numpy())
+    tiles = np.log2(features[tile].to_numpy() / features[intrinsic].to_numpy())
     assert len(set(tiles.tolist())) >= 3  # the space holds several counts
-    column = z[:, names.index("log2_mma_tiles_m")]
+    column = z[:, names.index(f"log2_{name}")]
     assert np.allclose(column, (tiles - tiles.mean()) / (tiles.std() + 1e-9))
-    assert "log2_mma_tiles_m_sq" in names
-    # The expert is the row with the middle count of tiles; the fit puts it near the top.
+    assert f"log2_{name}_sq" in names
+    # The expert is a row with the middle count of tiles; the fit puts it near the top.
     middle = float(np.median(tiles))
     labels = np.zeros(len(features))
     labels[int(np.flatnonzero(tiles == middle)[0])] = POSITIVE
     model = PairwiseModel(c=1.0).fit(features, labels, groups)
     order = model.rank(features)
     assert int(np.flatnonzero(order == int(np.argmax(labels)))[0]) < 0.05 * len(order)
-    with pytest.raises(InputError, match="lacks 'vec_m'"):
-        basis(features.drop(columns=["vec_m"]))
+    with pytest.raises(InputError, match=f"lacks '{tile}'"):
+        basis(features.drop(columns=[tile]))
 
 
 def test_basis_holds_the_share_of_the_gpus_cus_a_candidate_fills() -> None:
