@@ -23,7 +23,8 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
-           [--tree-weight W] [--folds K] [--per-expert CSV] [--save costmodel/models/gfx942.json]
+           [--tree-weight W] [--collapse-repeats] [--folds K] [--per-expert CSV]
+           [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
 25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of
 memory at peak): SPECS31 --cache DIR --no-heuristic-filters
@@ -185,12 +186,25 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
             np.concatenate([g for _, g in labels]))
 
 
+def one_per_repeat(data: Sequence[Expert]) -> list[Expert]:
+    """`data` with only the first copy of each repeated expert (same dispatch, same
+    configuration in several files): a configuration copied from file to file is one judgement,
+    not several."""
+    first: dict[str, Expert] = {}
+    for expert in data:
+        first.setdefault(expert[6], expert)
+    return list(first.values())
+
+
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
               hard_negatives: int = 0, listwise: float = 0.0,
               pipeline_terms: bool = False, pipeline_rankers: bool = False,
-              tree_weight: float = 0.0) -> PairwiseModel:
+              tree_weight: float = 0.0, collapse_repeats: bool = False) -> PairwiseModel:
     """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline;
-    `tree_weight`: each ranker blended with LambdaRank trees."""
+    `tree_weight`: each ranker blended with LambdaRank trees; `collapse_repeats`: on one copy of
+    each repeated expert (`one_per_repeat`)."""
+    if collapse_repeats:
+        data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
     table = pd.concat([d[2] for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
@@ -224,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tree-weight", type=float, default=0.0, metavar="W",
                         help="prior_interleaved: blend each pipeline ranker with LambdaRank "
                         "trees, W to the trees (0: off; attention keeps the linear score)")
+    parser.add_argument("--collapse-repeats", action="store_true",
+                        help="prior: train on one copy of an expert other files repeat (same "
+                        "dispatch, same configuration)")
     parser.add_argument("--folds", type=int, default=0, metavar="K",
                         help="hold the files out K groups at a time (sorted names dealt in turn) "
                         "instead of one at a time (0); fewer fits on many files")
@@ -269,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              [d[4] for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
-                                  tree_weight=args.tree_weight, **PRIOR_SETTINGS[name])
+                                  tree_weight=args.tree_weight,
+                                  collapse_repeats=args.collapse_repeats, **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)
@@ -308,7 +326,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 and float(np.median(fraction["prior"]))
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
-                          args.pipeline_terms, args.pipeline_rankers, args.tree_weight)
+                          args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
+                          args.collapse_repeats)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -325,6 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               "hard_negatives": args.hard_negatives,
                               "listwise_l2": args.listwise,
                               "tree_weight": args.tree_weight,
+                              "collapse_repeats": args.collapse_repeats,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out" if all(len(g) == 1 for g in held_out_sets)
