@@ -15,6 +15,7 @@ import pytest
 from dispatchtune.costmodel.defaults import default_model_path, default_order, model_for_target
 from dispatchtune.costmodel.modelfile import load_cost_model, load_model, save_model
 from dispatchtune.costmodel.pairwise import (
+    PIPELINES,
     POSITIVE,
     PairwiseModel,
     basis,
@@ -467,3 +468,41 @@ def test_lofo_collapse_repeats_keeps_the_first_copy_of_each_repeated_expert() ->
             expert("c.mlir", "z"), expert("c.mlir", "y")]
     kept = one_per_repeat(data)  # type: ignore[arg-type]
     assert [(e[0], e[6]) for e in kept] == [("a.mlir", "x"), ("a.mlir", "y"), ("c.mlir", "z")]
+
+
+def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_path: Path) -> None:
+    """`expert_order_lofo.py SPECS ... --collapse-repeats --per-expert CSV --save FILE` as a
+    subprocess on four fixture files and a copy of one: every expert held out, a row counting
+    each repeated expert once, the model written with its recipe; a file set that leaves a
+    pipeline without experts is one line, not a traceback."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    for name in ("sdxl_2024.mlir", "unet_fp16_vectordistribute.mlir",
+                 "flux_tileandfuse_2025.mlir", "implicit_gemm_convolution.mlir"):
+        (specs / name).write_text((FIXTURES / name).read_text())
+    (specs / "sdxl_2024_copy.mlir").write_text((FIXTURES / "sdxl_2024.mlir").read_text())
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "benchmarks/expert_order_lofo.py", str(specs),
+               "--cache", str(tmp_path / "cache"), "--no-heuristic-filters",
+               "--priors", "prior_interleaved", "--pipeline-rankers", "--collapse-repeats"]
+    proc = subprocess.run([*command, "--per-expert", str(tmp_path / "experts.csv"),
+                           "--save", str(tmp_path / "prior.json")],
+                          cwd=root, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    experts = pd.read_csv(tmp_path / "experts.csv")
+    assert experts["prior_interleaved"].between(0, 1).all()
+    copies = experts[experts["file"].str.startswith("sdxl_2024")]
+    assert len(copies) == 2 * copies["expert"].nunique() >= 2  # the copy repeats each expert
+    rows = {line.split("|")[1].strip(): line.split("|")[2].strip()
+            for line in proc.stdout.splitlines() if line.startswith("| ")}
+    assert int(rows["all"]) == len(experts)
+    assert int(rows["all, each repeated expert once"]) == experts["expert"].nunique() < len(experts)
+    saved = load_cost_model(tmp_path / "prior.json")
+    assert isinstance(saved, PairwiseModel) and set(saved.pipeline_rankers) == set(PIPELINES)
+    assert saved.metadata["training_data"]["collapse_repeats"] is True
+    (specs / "flux_tileandfuse_2025.mlir").unlink()
+    (specs / "implicit_gemm_convolution.mlir").unlink()
+    proc = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=900,
+                          check=False)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: no expert configuration uses")
