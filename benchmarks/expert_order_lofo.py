@@ -188,8 +188,8 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
 
 def one_per_repeat(data: Sequence[Expert]) -> list[Expert]:
     """`data` with only the first copy of each repeated expert (same dispatch, same
-    configuration in several files): a configuration copied from file to file is one judgement,
-    not several."""
+    configuration in several files). Measured in docs/gpu_order.md part 23: no better held out
+    and worse on the outside files, so the shipped prior trains on every copy."""
     first: dict[str, Expert] = {}
     for expert in data:
         first.setdefault(expert[6], expert)
