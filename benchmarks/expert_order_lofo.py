@@ -261,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.folds == 1 or args.folds < 0:
         parser.error("--folds takes 0 (one file at a time) or at least 2")
-    if not set(args.priors.split(",")) - {""} <= set(PRIORS):
+    priors = [p for p in args.priors.split(",") if p]
+    if not set(priors) <= set(PRIORS):
         parser.error(f"--priors takes names of {', '.join(PRIORS)}")
     # Outputs are checked before the fits, which take minutes to hours, not after them.
     for option, path, example in (("--per-expert", args.per_expert, "experts.csv"),
@@ -272,19 +273,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         except DispatchTuneError as exc:
             parser.error(f"{option} {path}: cannot write there ({exc})")
     try:
-        return evaluate(args, argv)
+        return evaluate(args, priors, argv)
     except DispatchTuneError as exc:  # e.g. no file left to teach one pipeline's ranker
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
-def evaluate(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
-    """The held-out fits and report of `main`'s parsed `args` (then `--save`'s fit)."""
+def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str] | None) -> int:
+    """The held-out fits of `priors` and the report for `main`'s parsed `args` (then `--save`'s
+    fit)."""
     data = load(args.specs, args.cache, args.heuristic_filters)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
     identities = np.array([d[6] for d in data])
-    priors = [p for p in args.priors.split(",") if p]
     names = ["heuristic", "pairwise", *priors] + (["grid"] if args.grid else [])
     fraction = {name: np.zeros(len(data)) for name in names}
     for i, (_, _, _, f, mask, _, _) in enumerate(data):

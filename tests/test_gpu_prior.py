@@ -455,18 +455,18 @@ def test_lofo_refuses_unwritable_outputs_before_fitting(
 def test_lofo_collapse_repeats_keeps_the_first_copy_of_each_repeated_expert() -> None:
     """`--collapse-repeats` trains on one copy of an expert that several files repeat (same
     dispatch, same configuration), the first in file order, the others kept in order."""
-    from dispatchtune.benchmarks.expert_order_lofo import one_per_repeat
+    from dispatchtune.benchmarks.expert_order_lofo import Expert, one_per_repeat
 
     features, labels, _ = _one_expert()
     table = _small().table
     mask, default = labels > 0, np.zeros(len(labels), bool)
 
-    def expert(file: str, identity: str) -> tuple[object, ...]:
+    def expert(file: str, identity: str) -> Expert:
         return (file, "contraction", table, features, mask, default, identity)
 
     data = [expert("a.mlir", "x"), expert("a.mlir", "y"), expert("b.mlir", "x"),
             expert("c.mlir", "z"), expert("c.mlir", "y")]
-    kept = one_per_repeat(data)  # type: ignore[arg-type]
+    kept = one_per_repeat(data)
     assert [(e[0], e[6]) for e in kept] == [("a.mlir", "x"), ("a.mlir", "y"), ("c.mlir", "z")]
 
 
