@@ -5,13 +5,20 @@ rebuild the dispatch, enumerate its gfx942 space, find the expert configuration 
 (pipeline, intrinsic, workgroup tiles, K tile, subgroup counts, workgroup threads) and report its
 position in each order: the expected position over tie-breaks (1 + candidates scored higher +
 half the other candidates scored equal), position / N, or which attribute leaves it out of the
-space and which of IREE's constraints exclude it (`search.gpu.violated_constraints`).
-Enumerations are cached (pickled candidate tables) in --cache.
+space and which of IREE's constraints exclude it (`search.gpu.violated_constraints`). IREE's own
+default configuration of each dispatch (what `iree-compile` applies without a spec) is found the
+same way and placed in each order, for comparison. Enumerations and defaults are cached (pickled
+candidate tables, JSON) in --cache.
+
+`--target` enumerates, featurises and compiles the defaults for another GPU (`gfx950`, `gfx90a`,
+...) while the experts stay the gfx942 configurations of the files: how an order trained on gfx942
+transfers to an architecture without expert files, judged by IREE's default for that GPU and by
+the gfx942 experts that are valid there.
 
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
       [--orders model,heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
-      [--no-heuristic-filters]
+      [--no-heuristic-filters] [--target gfx942]
 Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
 
@@ -56,15 +63,18 @@ MATCH_COLUMNS = (
 Scorer = Callable[[Problem, pd.DataFrame, Target], np.ndarray]
 
 
-def feature_target(file: str) -> Target:
+def feature_target(file: str, enumerated: str = TARGET) -> Target:
     """The target whose features describe a spec file's experts: the gfx942 product its name
     states (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else gfx942, with its CUs
     split when the name states a compute-partition mode (`_qpx`: a quarter). Enumeration stays
-    on gfx942: products and partitions of one architecture share IREE's space."""
+    on gfx942: products and partitions of one architecture share IREE's space. On another
+    enumerated target (`--target`), that target: the file's product names a gfx942 chip."""
     import dataclasses
 
     from dispatchtune.errors import TargetError
 
+    if enumerated != TARGET:
+        return get_target(enumerated)
     target = get_target(TARGET)
     product = named_product(file)
     if product is not None:
@@ -111,20 +121,26 @@ SCORERS: dict[str, Scorer] = {
 }
 
 
+def cache_stem(problem: Problem, target: str) -> str:
+    """A problem's name in the cache: gfx942 files keep the names they always had."""
+    return problem.key if target == TARGET else f"{problem.key}.{target}"
+
+
 def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = True,
-                    waves_per_eu: Sequence[int] = ()) -> pd.DataFrame:
-    """The gfx942 candidate table of a problem (cached: enumeration compiles and solves), with
-    the `amdgpu-waves-per-eu` knob crossed in when `waves_per_eu` lists values."""
+                    waves_per_eu: Sequence[int] = (), target: str = TARGET) -> pd.DataFrame:
+    """The candidate table of a problem on a target (gfx942 unless named; cached: enumeration
+    compiles and solves), with the `amdgpu-waves-per-eu` knob crossed in when `waves_per_eu`
+    lists values."""
     from dispatchtune.search import enumerate_candidates
 
     # The version names the table's columns: a table cached before a column was added is rebuilt.
-    name = f"{problem.key}{'' if heuristic_filters else '.whole'}.v{TABLE_VERSION}.pkl"
-    path = cache / name
+    stem = cache_stem(problem, target)
+    path = cache / f"{stem}{'' if heuristic_filters else '.whole'}.v{TABLE_VERSION}.pkl"
     if path.exists():
         with path.open("rb") as f:
             table: pd.DataFrame = pickle.load(f)  # our own cache, written below
     else:
-        table = enumerate_candidates(problem, get_target(TARGET),
+        table = enumerate_candidates(problem, get_target(target),
                                      heuristic_filters=heuristic_filters).table
         cache.mkdir(parents=True, exist_ok=True)
         with path.open("wb") as f:
@@ -132,6 +148,42 @@ def candidate_table(problem: Problem, cache: Path, heuristic_filters: bool = Tru
     if waves_per_eu:  # the knob is independent of IREE's: every row once per value
         table = pd.concat([table.assign(waves_per_eu=w) for w in waves_per_eu], ignore_index=True)
     return table
+
+
+def iree_default_columns(problem: Problem, cache: Path, target: str = TARGET) -> dict[str, object]:
+    """IREE's own default configuration of a problem on a target, as candidate-table columns
+    (what `iree-compile` applies without a spec; cached per problem and target), or
+    `{"error": reason}` when IREE's applied config cannot be read or related to the table."""
+    import json
+    import tempfile
+
+    from dispatchtune.datasets.expert_specs import configuration_columns
+    from dispatchtune.ir.spec import applied_configs
+
+    path = cache / f"{cache_stem(problem, target)}.default.json"
+    if not path.exists():
+        with tempfile.TemporaryDirectory() as tmp:
+            source = Path(tmp) / "op.mlir"
+            source.write_text(problem.to_mlir())
+            try:
+                texts = applied_configs(source, get_target(target), None)
+                columns: dict[str, object] = (dict(configuration_columns(texts[0], problem))
+                                              if texts else {"error": "IREE applied no config"})
+            except (DispatchTuneError, ValueError, IndexError) as exc:
+                columns = {"error": str(exc) or type(exc).__name__}
+        cache.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(columns))
+    columns = json.loads(path.read_text())
+    return columns if columns else {"error": "IREE applied no config"}
+
+
+def iree_default_mask(problem: Problem, table: pd.DataFrame, cache: Path,
+                      target: str = TARGET) -> tuple[np.ndarray, str]:
+    """Rows equal to IREE's default configuration of the problem, and (if none) why."""
+    columns = iree_default_columns(problem, cache, target)
+    if "error" in columns:
+        return np.zeros(len(table), dtype=bool), str(columns["error"])
+    return expert_mask(table, columns)  # type: ignore[arg-type]  # JSON of table values
 
 
 def expert_mask(table: pd.DataFrame, expert: dict[str, int | str]) -> tuple[np.ndarray, str]:
@@ -304,7 +356,7 @@ def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
 
 def measure(
     entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True,
-    waves_per_eu: Sequence[int] = (),
+    waves_per_eu: Sequence[int] = (), target: str = TARGET,
 ) -> pd.DataFrame:
     rows = []
     for entry in entries:
@@ -322,25 +374,28 @@ def measure(
         row.update({f"expert_{k}": v for k, v in expert.items()})
         row["expert_waves_per_eu"] = entry.config.waves_per_eu
         try:
-            table = candidate_table(problem, cache, heuristic_filters, waves_per_eu)
+            table = candidate_table(problem, cache, heuristic_filters, waves_per_eu, target)
         except DispatchTuneError as exc:
             rows.append({**row, "status": f"no space: {exc}"})
             continue
         mask, excluded_by = expert_mask(table, expert)
+        default, default_missing = iree_default_mask(problem, table, cache, target)
         row["n"] = len(table)
-        target = feature_target(entry.file)
-        row["features_for"] = f"{target.name} ({target.gpu_facts().compute_units} CUs)"
+        features_for = feature_target(entry.file, target)
+        row["features_for"] = f"{features_for.name} ({features_for.gpu_facts().compute_units} CUs)"
+        row["default_status"] = "in space" if default.any() else f"not in space: {default_missing}"
+        row["status"] = "in space" if mask.any() else "not in space"
         if not mask.any():
-            rows.append({**row, "status": "not in space", "excluded_by": excluded_by,
-                         "iree_constraints": iree_exclusion(problem, entry.config,
-                                                            heuristic_filters)})
-            continue
-        row["status"] = "in space"
-        for order in orders:
-            scores = SCORERS[order](problem, table, target)
-            position = expected_position(scores, mask)
-            row[f"{order}_position"] = position
-            row[f"{order}_fraction"] = position / len(table)
+            row["excluded_by"] = excluded_by
+            if target == TARGET:  # IREE's reasons are read from gfx942's constraint sets
+                row["iree_constraints"] = iree_exclusion(problem, entry.config, heuristic_filters)
+        for order in orders if mask.any() or default.any() else ():
+            scores = SCORERS[order](problem, table, features_for)
+            for name, rows_of in (("", mask), ("default_", default)):
+                if rows_of.any():
+                    position = expected_position(scores, rows_of)
+                    row[f"{order}_{name}position"] = position
+                    row[f"{order}_{name}fraction"] = position / len(table)
         rows.append(row)
         print(f"{entry.file[:28]:28s} {entry.matcher[:44]:44s} N={len(table):6d} "
               + " ".join(f"{o}={row.get(f'{o}_fraction', float('nan')):.3f}" for o in orders),
@@ -348,19 +403,24 @@ def measure(
     return pd.DataFrame(rows)
 
 
-def summary(frame: pd.DataFrame, orders: Sequence[str], by: str) -> pd.DataFrame:
-    """Per group: matchers, in space, and per order the median position/N, share in 1% / 5%."""
+def summary(frame: pd.DataFrame, orders: Sequence[str], by: str, of: str = "") -> pd.DataFrame:
+    """Per group: matchers, in space, and per order the median position/N, share in 1% / 5% of
+    the expert configurations (`of` "") or of IREE's defaults (`of` "default_"; each dispatch
+    once, with the features of the first file that tunes it)."""
+    if of:
+        frame = frame.drop_duplicates("problem") if "problem" in frame else frame.iloc[:0]
+    status = f"{of}status"
     out = []
     # Skipped matchers have no op kind: they form a group of their own, named as such.
     for key, group in frame.fillna({by: "not read"}).groupby(by):
-        placed = group[group["status"] == "in space"]
+        placed = group[group[status] == "in space"] if status in group else group.iloc[:0]
         row: dict[str, object] = {
-            by: key, "matchers": len(group),
+            by: key, "dispatches" if of else "matchers": len(group),
             "enumerated": int(group["n"].notna().sum()) if "n" in group else 0,
             "in_space": len(placed),
         }
         for order in orders:
-            col = f"{order}_fraction"
+            col = f"{order}_{of}fraction"
             if len(placed) and col in placed:
                 row[f"{order} median pos/N"] = float(placed[col].median())
                 row[f"{order} in 1%"] = float((placed[col] <= 0.01).mean())
@@ -381,19 +441,26 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command: str) -> str:
+def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command: str,
+                 target: str = TARGET) -> str:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "positions.csv", index=False)
     frame = frame.copy()
     frame["all"] = "all"
     parts = [
-        "# Expert gfx942 configurations in the candidate order", "",
+        "# Expert gfx942 configurations in the candidate order"
+        + ("" if target == TARGET else f" of {target}"), "",
         f"    {command}", "",
         "Position = expected 1-based position over tie-breaks of the expert configuration; "
         "pos/N = position / space size.", "",
         "## All files", "", markdown(summary(frame, orders, "all")), "",
         "## Per file", "", markdown(summary(frame, orders, "file")), "",
         "## Per op kind", "", markdown(summary(frame[frame["status"].ne("")], orders, "kind")), "",
+        "## IREE's default configuration", "",
+        "Where the configuration `iree-compile` applies without a spec lands in the same orders "
+        "(each dispatch once).", "",
+        markdown(summary(frame, orders, "all", of="default_")), "",
+        markdown(summary(frame[frame["status"].ne("")], orders, "kind", of="default_")), "",
         "## Not in the space", "",
         "First attribute no candidate shares; then the IREE constraints that exclude the "
         "expert's knob values (a smallest conflicting set, IREE's messages), or the loop the "
@@ -454,6 +521,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
                         help="enumerate the whole valid space (without IREE's heuristic filters)")
+    parser.add_argument("--target", default=TARGET,
+                        help="GPU to enumerate, featurise and take IREE's defaults for (the "
+                        "experts stay gfx942 configurations; `model` stays the gfx942 prior)")
     parser.add_argument("--waves-per-eu", type=lambda t: tuple(int(v) for v in t.split(",")),
                         default=(), help="also enumerate amdgpu-waves-per-eu (e.g. 0,1,2,4) and "
                         "match the expert's value (0 = not set)")
@@ -472,9 +542,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.files:
         keys = args.files.split(",")
         entries = [e for e in entries if any(k in e.file for k in keys)]
-    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu)
+    try:
+        target = get_target(args.target)
+        if not target.is_gpu:
+            raise DispatchTuneError(f"{args.target} is not a GPU target")
+    except DispatchTuneError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu,
+                    target.name)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(write_report(frame, orders, args.output_dir, command))
+    print(write_report(frame, orders, args.output_dir, command, target.name))
     return 0
 
 

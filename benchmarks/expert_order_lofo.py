@@ -49,6 +49,7 @@ from dispatchtune.benchmarks.expert_order import (
     expected_position,
     expert_mask,
     feature_target,
+    iree_default_mask,
     markdown,
 )
 from dispatchtune.cli.options import output_file
@@ -57,8 +58,6 @@ from dispatchtune.costmodel.pairwise import PIPELINES, POSITIVE, WEAK_POSITIVE, 
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import extract_features
-from dispatchtune.problem import Problem
-from dispatchtune.targets import get_target
 
 LOG_FEATURES = (
     "threads", "acc_registers", "tile_k", "k_trips", "workgroups_per_cu", "wg_intensity",
@@ -96,36 +95,10 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
         mask, _ = expert_mask(table, columns)
         if mask.any():
             features = extract_features(entry.problem, feature_target(entry.file), table)
-            default = default_mask(entry.problem, table, cache)
+            default = iree_default_mask(entry.problem, table, cache)[0]
             identity = f"{entry.problem.key} {sorted(columns.items())}"
             out.append((entry.file, entry.problem.kind, table, features, mask, default, identity))
     return out
-
-
-def default_mask(problem: Problem, table: pd.DataFrame, cache: Path) -> np.ndarray:
-    """Rows equal to IREE's own default configuration of the problem (cached per problem)."""
-    import json
-    import tempfile
-
-    from dispatchtune.datasets.expert_specs import configuration_columns
-    from dispatchtune.ir.spec import applied_configs
-
-    path = cache / f"{problem.key}.default.json"
-    if not path.exists():
-        with tempfile.TemporaryDirectory() as tmp:
-            source = Path(tmp) / "op.mlir"
-            source.write_text(problem.to_mlir())
-            try:
-                texts = applied_configs(source, get_target(TARGET), None)
-                columns = configuration_columns(texts[0], problem) if texts else {}
-            except (DispatchTuneError, ValueError, IndexError) as exc:
-                columns = {"error": str(exc)}
-        cache.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(columns))
-    columns = json.loads(path.read_text())
-    if "error" in columns or not columns:
-        return np.zeros(len(table), dtype=bool)
-    return expert_mask(table, columns)[0]
 
 
 def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:

@@ -2,8 +2,9 @@
 
 Default models ship in `costmodel/models/` (package data), one per target name: `host.json`
 (trained on the shipped CPU dataset, `datasets/data/`; see the dataset card) and `gfx942.json` (a
-pairwise GPU prior trained on expert tuning specs; docs/gpu_order.md). A target without a default
-model is ranked by the handwritten heuristic.
+pairwise GPU prior trained on expert tuning specs; docs/gpu_order.md). An AMD CDNA GPU without a
+model of its own (gfx908, gfx90a, gfx950: wave64 with MFMA intrinsics) takes gfx942's. A target
+without a default model is ranked by the handwritten heuristic.
 """
 
 from __future__ import annotations
@@ -18,14 +19,21 @@ MODELS_DIR = Path(__file__).resolve().parent / "models"
 
 logger = logging.getLogger(__name__)
 
+#: The model an AMD CDNA GPU (MFMA intrinsics) without its own takes. The prior's features are
+#: relative to the chip (its CUs, LDS, intrinsics), and on the gfx90a and gfx950 spaces of the
+#: expert files' dispatches it puts IREE's own default configurations for those GPUs far earlier
+#: than the heuristic does, as on gfx942 (docs/gpu_order.md, part 24).
+CDNA_MODEL = "gfx942"
+
 
 def default_model_path(target_name: str) -> Path | None:
     """The installed default model file of a target, if one ships.
 
     A GPU target named by product (`mi300x`, `rocm:mi308x`) uses its architecture's model
-    (`gfx942.json`); the architecture of a product name comes from IREE's target table. A
-    named llvm-cpu target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs
-    whose features already carry the vector width and registers of the CPU they ran on.
+    (`gfx942.json`); the architecture of a product name comes from IREE's target table. Another
+    CDNA GPU (MFMA intrinsics in IREE's description) uses `CDNA_MODEL`'s. A named llvm-cpu
+    target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs whose features
+    already carry the vector width and registers of the CPU they ran on.
     """
     from dispatchtune.errors import TargetError
     from dispatchtune.targets import get_target
@@ -48,12 +56,14 @@ def default_model_path(target_name: str) -> Path | None:
     if target is not None and target.is_gpu:
         # A product name (`rocm:mi308x`): IREE knows its architecture (one cached probe).
         try:
-            arch = target.gpu_facts().arch
+            facts = target.gpu_facts()
         except TargetError:
             return None
-        path = MODELS_DIR / f"{arch}.json"
-        if path.is_file():
-            return path
+        cdna = any(name.startswith("MFMA_") for name in facts.mma_intrinsics)
+        for name in (facts.arch, CDNA_MODEL if cdna else ""):
+            path = MODELS_DIR / f"{name}.json"
+            if name and path.is_file():
+                return path
     return None
 
 
@@ -86,6 +96,8 @@ def model_for_target(target_name: str, model_path: str | Path | None = None) -> 
         if default is None:
             return HeuristicModel(), "heuristic (no model for this target)"
         model, where = load_model(default), f"installed default model {default.name}"
+        if default.stem == CDNA_MODEL and not _is_cdna_model_target(target_name):
+            where += f" (the {CDNA_MODEL} prior, for another CDNA GPU)"
     warn_if_trained_elsewhere(model.metadata.get("target_kinds"), target_name, where)
     return model, where
 
@@ -103,3 +115,15 @@ def warn_if_trained_elsewhere(trained_on: object, target_name: str, where: str) 
                    "unvalidated", where, "/".join(map(str, trained_on)).upper(), kind.upper(),
                    target_name)
     return True
+
+
+def _is_cdna_model_target(target_name: str) -> bool:
+    """Whether a target is the architecture `CDNA_MODEL` was trained for (or one of its products)."""
+    from dispatchtune.errors import TargetError
+    from dispatchtune.targets import get_target
+
+    target = get_target(target_name)
+    try:
+        return target.arch == CDNA_MODEL or target.gpu_facts().arch == CDNA_MODEL
+    except TargetError:
+        return False

@@ -993,8 +993,38 @@ def expert_columns(entry: ExpertEntry) -> dict[str, int | str]:
 
 def configuration_columns(text: str, problem: Problem) -> dict[str, int | str]:
     """Any current-syntax `compilation_info` of `problem` (e.g. IREE's own default) in the
-    candidate-table vocabulary, like `expert_columns`."""
-    return expert_columns(ExpertEntry("", "configuration", problem, _parse_current(text, problem)))
+    candidate-table vocabulary, like `expert_columns`. An attention's config carries its two
+    matmuls' configs inside (`decomposition_config`), where a spec passes them beside it."""
+    if problem.kind != "attention":
+        return expert_columns(ExpertEntry("", "configuration", problem, _parse_current(text, problem)))
+    from iree.compiler import ir
+    from iree.compiler.dialects import iree_codegen, iree_gpu
+
+    with _context():
+        info = iree_codegen.CompilationInfoAttr(ir.Attribute.parse(modernise(text)[0]))
+        lowering = iree_gpu.LoweringConfigAttr(info.lowering_config)
+        if "decomposition_config" not in lowering.attributes:
+            raise InputError("no decomposition_config in the attention configuration")
+        decomposition = str(lowering.attributes["decomposition_config"])
+        loops = len(lowering.workgroup_tile_sizes)
+    if loops != len(problem.loop_sizes):
+        problem = _collapsed_attention(problem, loops)
+    config = _parse_attention(text, decomposition, problem)
+    return expert_columns(ExpertEntry("", "configuration", problem, config))
+
+
+def _collapsed_attention(problem: Problem, n_loops: int) -> Problem:
+    """The attention IREE configures when it compiles `problem` alone with `n_loops` loops: each
+    class's adjacent loops collapsed into one (2x10 batch loops become 20), in the op's class
+    order (batch, M, N, K1, K2). A config of it gives the same table columns (tiles, counts and
+    workgroups per class) as one of `problem`."""
+    classes = ("batch", "m", "n", "k1", "k2")
+    order = [loop for cls in classes for loop in problem.loops(cls)]
+    if order != list(range(len(problem.loop_sizes))) or n_loops != len(classes):
+        raise InputError(f"IREE configures this attention over {n_loops} loops, which do not "
+                         f"collapse its {len(problem.loop_sizes)} class by class")
+    b, m, n, k1, k2 = (problem.size(cls) for cls in classes)
+    return Problem.attention(b, m, n, k1, k2, problem.element_types[0])
 
 
 # ---- files --------------------------------------------------------------------------------------

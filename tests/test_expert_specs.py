@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from dispatchtune.datasets.expert_specs import (
@@ -172,6 +173,71 @@ def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
     report = (tmp_path / "whole" / "report.md").read_text()
     assert f"| {name} | 2 | 2 | 1 |" in report  # matchers, enumerated, in the space
     assert "`match_conv_rows_6`: igemm=1" in report and "dim_1 must be divisible by wg_1" in report
+    # IREE's own default of each dispatch, placed in the same orders or told why not.
+    assert "## IREE's default configuration" in report
+    positions = pd.read_csv(tmp_path / "whole" / "positions.csv")
+    assert positions["default_status"].str.match(r"in space|not in space: .+").all()
+    found = positions[positions["default_status"] == "in space"]
+    assert ((found["model_default_fraction"] > 0) & (found["model_default_fraction"] <= 1)).all()
+
+
+def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) -> None:
+    """`--target gfx950`: the dispatches enumerated and featurised for that GPU, IREE's gfx950
+    default of each placed in the (gfx942) prior's and the heuristic's orders."""
+    import subprocess
+    import sys
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    name = "unet_fp16_vectordistribute.mlir"
+    (specs / name).write_text((FIXTURES / name).read_text())
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "out"),
+         "--target", "gfx950", "--orders", "model,heuristic", "--cache", str(tmp_path / "c")],
+        cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "out" / "report.md").read_text().startswith(
+        "# Expert gfx942 configurations in the candidate order of gfx950")
+    (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
+    assert str(row["features_for"]).startswith("gfx950") and row["default_status"] == "in space"
+    for order in ("model", "heuristic"):
+        assert 1 <= float(row[f"{order}_default_position"]) <= float(row["n"])
+    assert list((tmp_path / "c").glob("*.gfx950.default.json"))  # cached apart from gfx942's
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "x"),
+         "--target", "host"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: host is not a GPU target"
+
+
+def test_iree_default_attention_config_is_read_over_its_collapsed_batch() -> None:
+    """IREE configures a [2, 10] batch attention as one batch loop of 20 with the two matmuls'
+    configs inside (`decomposition_config`): read as the candidate it is."""
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.datasets.expert_specs import attention_problem, configuration_columns
+    from dispatchtune.search import enumerate_candidates
+
+    problem = attention_problem((2, 10, 4096, 64, 64, 64), "f16")
+    qk = ("mma_kind = #iree_gpu.virtual_mma_layout<VMFMA_F32_16x16x32_F16, col_major = true>, "
+          "promote_operands = [0, 1], subgroup_basis = [[1, 4, 1, 1, 1], [0, 1, 3, 4]]")
+    pv = ("mma_kind = #iree_gpu.mma_layout<MFMA_F32_16x16x16_F16, col_major = true>, "
+          "promote_operands = [1], subgroup_basis = [[1, 4, 1, 1, 1], [0, 1, 2, 4]]")
+    text = (
+        "#iree_codegen.compilation_info<lowering_config = #iree_gpu.lowering_config<{"
+        f"decomposition_config = {{pv_attrs = {{lowering_config = #iree_gpu.lowering_config<{{{pv}}}>}}, "
+        f"qk_attrs = {{lowering_config = #iree_gpu.lowering_config<{{{qk}}}>}}}}, "
+        "promote_operands = [0, 1, 2], reduction = [0, 0, 0, 0, 64], workgroup = [1, 64, 64, 0, 0]}>, "
+        "translation_info = <pipeline = #iree_gpu.pipeline<VectorDistribute> "
+        "workgroup_size = [256, 1, 1] subgroup_size = 64>>")
+    columns = configuration_columns(text, problem)
+    assert columns == {
+        "pipeline": "VectorDistribute", "intrinsic": "VMFMA_F32_16x16x32_F16", "tile_b": 1,
+        "tile_m": 64, "tile_n": 64, "tile_k": 64, "subgroups_m": 4, "subgroups_n": 1,
+        "workgroup_threads": 256, "workgroups": 20 * 4096 // 64,
+        "pv_intrinsic": "MFMA_F32_16x16x16_F16",
+    }
+    mask, why = expert_mask(enumerate_candidates(problem, "gfx942").table, columns)
+    assert mask.sum() == 1, why
 
 
 def test_bad_inputs_are_one_line_errors(tmp_path: Path) -> None:

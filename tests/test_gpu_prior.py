@@ -92,10 +92,24 @@ def test_model_file_round_trip_and_refusals(tmp_path: Path) -> None:
 @pytest.mark.parametrize("product", ["mi300x", "rocm:mi308x", "rocm:mi300a"])
 def test_gfx942_products_use_the_gfx942_prior(product: str) -> None:
     # Product names IREE maps to gfx942 (MI308X: 80 CUs, MI300A: 228) rank with its model, not
-    # the heuristic; an architecture without a model keeps the heuristic.
+    # the heuristic.
     assert default_model_path(product) == default_model_path("gfx942")
     assert default_order(product) == "model"
-    assert default_model_path("rocm:gfx90a") is None
+    assert model_for_target(product)[1] == "installed default model gfx942.json"
+
+
+@pytest.mark.parametrize("target", ["gfx90a", "gfx950", "gfx908", "rocm:mi250x"])
+def test_other_cdna_gpus_take_the_gfx942_prior_and_say_so(target: str) -> None:
+    # Wave64 MFMA GPUs without a model of their own (docs/gpu_order.md, part 24).
+    assert default_model_path(target) == default_model_path("gfx942")
+    assert default_order(target) == "model"
+    assert model_for_target(target)[1].endswith("(the gfx942 prior, for another CDNA GPU)")
+
+
+@pytest.mark.parametrize("target", ["gfx1201", "gfx1100", "sm_86"])
+def test_gpus_of_other_families_keep_the_heuristic(target: str) -> None:
+    # RDNA (WMMA) and NVIDIA GPUs: no expert files teach them, and nothing says gfx942's do.
+    assert default_model_path(target) is None and default_order(target) == "heuristic"
 
 
 def test_shipped_gfx942_prior_is_the_default_and_finds_an_expert() -> None:

@@ -154,7 +154,7 @@ def test_rank_says_the_heuristic_ranks_where_no_model_ships() -> None:
     """`--order model` on a target without a shipped model ranks with the heuristic, and the
     header says so (it used to say "model order")."""
     proc = dispatchtune("rank", str(EXAMPLES / "matmul_transpose_b_f16.mlir"), "--target",
-                        "gfx90a", "--order", "model", "--limit", "1")
+                        "gfx1201", "--order", "model", "--limit", "1")
     assert proc.returncode == 0, proc.stderr
     assert "heuristic (no model for this target)" in proc.stderr
     assert "candidates, heuristic order" in proc.stdout and "model order" not in proc.stdout
