@@ -1,24 +1,24 @@
-"""Where do expert-tuned gfx942 configurations land in a candidate order?
+"""Where do expert-tuned GPU configurations land in a candidate order?
 
 For every matcher of every tuning spec in a directory (see `dispatchtune.datasets.expert_specs`),
-rebuild the dispatch, enumerate its gfx942 space, find the expert configuration by meaning
-(pipeline, intrinsic, workgroup tiles, K tile, subgroup counts, workgroup threads) and report its
-position in each order: the expected position over tie-breaks (1 + candidates scored higher +
-half the other candidates scored equal), position / N, or which attribute leaves it out of the
-space and which of IREE's constraints exclude it (`search.gpu.violated_constraints`). IREE's own
-default configuration of each dispatch (what `iree-compile` applies without a spec) is found the
-same way and placed in each order, for comparison. Enumerations and defaults are cached (pickled
-candidate tables, JSON) in --cache.
+rebuild the dispatch, enumerate its space on the GPU the file was tuned for (`file_architecture`:
+gfx942 unless the file's name or intrinsics say gfx950, gfx90a or gfx908), find the expert
+configuration by meaning (pipeline, intrinsic, workgroup tiles, K tile, subgroup counts,
+workgroup threads) and report its position in each order: the expected position over tie-breaks
+(1 + candidates scored higher + half the other candidates scored equal), position / N, or which
+attribute leaves it out of the space and which of IREE's constraints exclude it
+(`search.gpu.violated_constraints`). IREE's own default configuration of each dispatch (what
+`iree-compile` applies without a spec) is found the same way and placed in each order, for
+comparison. Enumerations and defaults are cached (pickled candidate tables, JSON) in --cache.
 
-`--target` enumerates, featurises and compiles the defaults for another GPU (`gfx950`, `gfx90a`,
-...) while the experts stay the gfx942 configurations of the files: how an order trained on gfx942
-transfers to an architecture without expert files, judged by IREE's default for that GPU and by
-the gfx942 experts that are valid there.
+`--target` enumerates, featurises and compiles the defaults for one GPU for every file (`gfx950`,
+`gfx90a`, ...): how an order trained on gfx942 transfers to an architecture without expert files,
+judged by IREE's default for that GPU and by the experts that are valid there.
 
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
       [--orders model,heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
-      [--no-heuristic-filters] [--target gfx942]
+      [--no-heuristic-filters] [--target gfx950]
 Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
 
@@ -64,35 +64,61 @@ Scorer = Callable[[Problem, pd.DataFrame, Target], np.ndarray]
 
 
 def feature_target(file: str, enumerated: str = TARGET) -> Target:
-    """The target whose features describe a spec file's experts: the gfx942 product its name
-    states (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else gfx942, with its CUs
-    split when the name states a compute-partition mode (`_qpx`: a quarter). Enumeration stays
-    on gfx942: products and partitions of one architecture share IREE's space. On another
-    enumerated target (`--target`), that target: the file's product names a gfx942 chip."""
+    """The target whose features describe a spec file's experts on the `enumerated` GPU: the
+    product its name states when that is a product of the enumerated architecture
+    (`..._mi308.mlir`: MI308X, 80 CUs, not MI300X's 304), else the enumerated target, with its
+    CUs split when the name states a compute-partition mode (`_qpx`: a quarter). Products and
+    partitions of one architecture share IREE's space, so enumeration stays on the architecture."""
     import dataclasses
 
     from dispatchtune.errors import TargetError
 
-    if enumerated != TARGET:
-        return get_target(enumerated)
-    target = get_target(TARGET)
+    base = get_target(enumerated)
+    target = base
     product = named_product(file)
     if product is not None:
         try:
             named = get_target(product)
-            if named.gpu_facts().arch == TARGET:
+            if named.gpu_facts().arch == base.gpu_facts().arch:
                 target = named
         except TargetError:
             pass  # a name IREE does not know: the architecture's flagship
     partitions = named_partitions(file)
     if partitions == 1:
         return target
-    # One partition is a gfx942 of that many CUs (the arch name gives IREE no CU count of its
-    # own, so the fallback is the count).
+    # One partition is a GPU of that many CUs (an architecture name gives IREE no CU count of
+    # its own, so the fallback is the count).
     compute_units = max(target.gpu_facts().compute_units // partitions, 1)
     return dataclasses.replace(
-        get_target(TARGET), compute_units_fallback=compute_units,
+        base, compute_units_fallback=compute_units,
         description=f"{target.name}, 1 of {partitions} compute partitions ({compute_units} CUs)")
+
+
+#: Architectures a spec file may be tuned for, in the order `file_architecture` tries them.
+ARCHITECTURES = ("gfx942", "gfx950", "gfx90a", "gfx908")
+
+
+def file_architecture(file: str, entries: Sequence[ExpertEntry]) -> str:
+    """The GPU architecture a spec file was tuned for: that of the product its name states
+    (`..._mi355x.mlir`: gfx950), else the first of `ARCHITECTURES` whose IREE intrinsics hold
+    every intrinsic its experts use (gfx942 when none does). A gfx950 file enumerated on gfx942
+    would find its double-K intrinsics outside the space."""
+    from dispatchtune.errors import TargetError
+
+    product = named_product(file)
+    if product is not None:
+        try:
+            arch = get_target(product).gpu_facts().arch
+            if arch in ARCHITECTURES:
+                return arch
+        except TargetError:
+            pass  # a name IREE does not know: read the intrinsics
+    used = {name for entry in entries if entry.file == file and entry.config is not None
+            for name in (entry.config.intrinsic, entry.config.pv_intrinsic) if name}
+    for arch in ARCHITECTURES:
+        if used <= set(get_target(arch).gpu_facts().mma_intrinsics):
+            return arch
+    return TARGET
 
 
 def heuristic_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
@@ -302,10 +328,11 @@ def _collapsed_tile(tiles: tuple[int, ...], loops: tuple[int, ...], loop_sizes: 
     return math.prod(whole)
 
 
-def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bool = True) -> str:
+def iree_exclusion(problem: Problem, config: ExpertConfig, heuristic_filters: bool = True,
+                   target_name: str = TARGET) -> str:
     """Which of IREE's constraints keep an expert configuration out of the space, in IREE's
     words (one set per constraint op of its pipeline), or "" when that cannot be said."""
-    target = get_target(TARGET)
+    target = get_target(target_name)
     try:
         spaces = gpu_spaces(problem, target, heuristic_filters)
     except DispatchTuneError:
@@ -356,9 +383,12 @@ def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
 
 def measure(
     entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True,
-    waves_per_eu: Sequence[int] = (), target: str = TARGET,
+    waves_per_eu: Sequence[int] = (), target: str | None = None,
 ) -> pd.DataFrame:
+    """One row per matcher. Each file's dispatches are enumerated on `target`, or on the
+    architecture the file was tuned for (`file_architecture`) when it is None."""
     rows = []
+    architectures = {file: file_architecture(file, entries) for file in {e.file for e in entries}}
     for entry in entries:
         row: dict[str, object] = {"file": entry.file, "matcher": entry.matcher}
         if not entry.usable or entry.problem is None or entry.config is None:
@@ -373,22 +403,23 @@ def measure(
             expert["waves_per_eu"] = entry.config.waves_per_eu
         row.update({f"expert_{k}": v for k, v in expert.items()})
         row["expert_waves_per_eu"] = entry.config.waves_per_eu
+        enumerated = target or architectures[entry.file]
         try:
-            table = candidate_table(problem, cache, heuristic_filters, waves_per_eu, target)
+            table = candidate_table(problem, cache, heuristic_filters, waves_per_eu, enumerated)
         except DispatchTuneError as exc:
             rows.append({**row, "status": f"no space: {exc}"})
             continue
         mask, excluded_by = expert_mask(table, expert)
-        default, default_missing = iree_default_mask(problem, table, cache, target)
+        default, default_missing = iree_default_mask(problem, table, cache, enumerated)
         row["n"] = len(table)
-        features_for = feature_target(entry.file, target)
+        features_for = feature_target(entry.file, enumerated)
         row["features_for"] = f"{features_for.name} ({features_for.gpu_facts().compute_units} CUs)"
         row["default_status"] = "in space" if default.any() else f"not in space: {default_missing}"
         row["status"] = "in space" if mask.any() else "not in space"
         if not mask.any():
             row["excluded_by"] = excluded_by
-            if target == TARGET:  # IREE's reasons are read from gfx942's constraint sets
-                row["iree_constraints"] = iree_exclusion(problem, entry.config, heuristic_filters)
+            row["iree_constraints"] = iree_exclusion(problem, entry.config, heuristic_filters,
+                                                     enumerated)
         for order in orders if mask.any() or default.any() else ():
             scores = SCORERS[order](problem, table, features_for)
             for name, rows_of in (("", mask), ("default_", default)):
@@ -442,14 +473,14 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def write_report(frame: pd.DataFrame, orders: Sequence[str], out: Path, command: str,
-                 target: str = TARGET) -> str:
+                 target: str | None = None) -> str:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(out / "positions.csv", index=False)
     frame = frame.copy()
     frame["all"] = "all"
     parts = [
-        "# Expert gfx942 configurations in the candidate order"
-        + ("" if target == TARGET else f" of {target}"), "",
+        "# Expert configurations in the candidate order"
+        + (f" of {target}" if target else " of the GPU each file was tuned for"), "",
         f"    {command}", "",
         "Position = expected 1-based position over tie-breaks of the expert configuration; "
         "pos/N = position / space size.", "",
@@ -521,9 +552,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
                         help="enumerate the whole valid space (without IREE's heuristic filters)")
-    parser.add_argument("--target", default=TARGET,
-                        help="GPU to enumerate, featurise and take IREE's defaults for (the "
-                        "experts stay gfx942 configurations; `model` stays the gfx942 prior)")
+    parser.add_argument("--target", default=None,
+                        help="GPU to enumerate, featurise and take IREE's defaults for (default: "
+                        "the architecture each file was tuned for: the product its name states, "
+                        "else the first of gfx942, gfx950, gfx90a, gfx908 that has its "
+                        "intrinsics); `model` stays the gfx942 prior")
     parser.add_argument("--waves-per-eu", type=lambda t: tuple(int(v) for v in t.split(",")),
                         default=(), help="also enumerate amdgpu-waves-per-eu (e.g. 0,1,2,4) and "
                         "match the expert's value (0 = not set)")
@@ -542,17 +575,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.files:
         keys = args.files.split(",")
         entries = [e for e in entries if any(k in e.file for k in keys)]
-    try:
-        target = get_target(args.target)
-        if not target.is_gpu:
-            raise DispatchTuneError(f"{args.target} is not a GPU target")
-    except DispatchTuneError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu,
-                    target.name)
+    target = None
+    if args.target is not None:
+        try:
+            target = get_target(args.target).name
+            if not get_target(target).is_gpu:
+                raise DispatchTuneError(f"{args.target} is not a GPU target")
+        except DispatchTuneError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu, target)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(write_report(frame, orders, args.output_dir, command, target.name))
+    print(write_report(frame, orders, args.output_dir, command, target))
     return 0
 
 

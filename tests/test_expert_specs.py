@@ -198,7 +198,7 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
         cwd=root, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "out" / "report.md").read_text().startswith(
-        "# Expert gfx942 configurations in the candidate order of gfx950")
+        "# Expert configurations in the candidate order of gfx950")
     (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
     assert str(row["features_for"]).startswith("gfx950") and row["default_status"] == "in space"
     for order in ("model", "heuristic"):
@@ -208,6 +208,35 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
         [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "x"),
          "--target", "host"], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: host is not a GPU target"
+
+
+def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
+    """A file whose experts use an intrinsic only gfx950 has (or whose name is a gfx950
+    product) is enumerated and featurised on gfx950, where its expert is a candidate; on gfx942
+    it would be "not in space"."""
+    import subprocess
+    import sys
+
+    from dispatchtune.benchmarks.expert_order import file_architecture
+
+    name = "gfx950_double_k_matmul.mlir"
+    entries = load_spec_file(FIXTURES / name)
+    assert file_architecture(name, entries) == "gfx950"
+    punet = load_spec_file(FIXTURES / "punet_vectordistribute.mlir")
+    assert file_architecture("punet_vectordistribute.mlir", punet) == "gfx942"
+    assert file_architecture("punet_mi355x.mlir", []) == "gfx950"  # the product its name states
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / name).write_text((FIXTURES / name).read_text())
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "out"),
+         "--no-heuristic-filters", "--orders", "model,heuristic", "--cache", str(tmp_path / "c")],
+        cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
+    assert str(row["features_for"]).startswith("gfx950") and row["status"] == "in space"
+    assert row["expert_intrinsic"] == "MFMA_F32_16x16x32_BF16"
 
 
 def test_iree_default_attention_config_is_read_over_its_collapsed_batch() -> None:
