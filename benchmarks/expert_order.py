@@ -388,7 +388,9 @@ def measure(
     """One row per matcher. Each file's dispatches are enumerated on `target`, or on the
     architecture the file was tuned for (`file_architecture`) when it is None."""
     rows = []
-    architectures = {file: file_architecture(file, entries) for file in {e.file for e in entries}}
+    # Which GPU each file was tuned for matters only when no one target is given.
+    architectures = {} if target else {file: file_architecture(file, entries)
+                                       for file in {e.file for e in entries}}
     for entry in entries:
         row: dict[str, object] = {"file": entry.file, "matcher": entry.matcher}
         if not entry.usable or entry.problem is None or entry.config is None:
@@ -578,12 +580,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = None
     if args.target is not None:
         try:
-            target = get_target(args.target).name
-            if not get_target(target).is_gpu:
+            named = get_target(args.target)
+            if not named.is_gpu:
                 raise DispatchTuneError(f"{args.target} is not a GPU target")
         except DispatchTuneError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
+        target = named.name
     frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu, target)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write_report(frame, orders, args.output_dir, command, target))

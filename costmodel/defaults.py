@@ -35,6 +35,11 @@ def default_model_path(target_name: str) -> Path | None:
     target (`llvm-cpu:znver4`) uses the host model: it is trained on CPU logs whose features
     already carry the vector width and registers of the CPU they ran on.
     """
+    return _default_model(target_name)[0]
+
+
+def _default_model(target_name: str) -> tuple[Path | None, bool]:
+    """`default_model_path`, and whether the model is `CDNA_MODEL`'s lent to another CDNA GPU."""
     from dispatchtune.errors import TargetError
     from dispatchtune.targets import get_target
 
@@ -52,19 +57,20 @@ def default_model_path(target_name: str) -> Path | None:
     for name in names:
         path = MODELS_DIR / f"{name}.json"
         if path.is_file():
-            return path
+            return path, False
     if target is not None and target.is_gpu:
         # A product name (`rocm:mi308x`): IREE knows its architecture (one cached probe).
         try:
             facts = target.gpu_facts()
         except TargetError:
-            return None
-        cdna = any(name.startswith("MFMA_") for name in facts.mma_intrinsics)
-        for name in (facts.arch, CDNA_MODEL if cdna else ""):
-            path = MODELS_DIR / f"{name}.json"
-            if name and path.is_file():
-                return path
-    return None
+            return None, False
+        path = MODELS_DIR / f"{facts.arch}.json"
+        if path.is_file():
+            return path, False
+        path = MODELS_DIR / f"{CDNA_MODEL}.json"
+        if any(name.startswith("MFMA_") for name in facts.mma_intrinsics) and path.is_file():
+            return path, True
+    return None, False
 
 
 def default_order(target_name: str, model_path: str | Path | None = None) -> str:
@@ -92,11 +98,11 @@ def model_for_target(target_name: str, model_path: str | Path | None = None) -> 
     if model_path is not None:
         model, where = load_model(model_path), f"model file {model_path}"
     else:
-        default = default_model_path(target_name)
+        default, lent = _default_model(target_name)
         if default is None:
             return HeuristicModel(), "heuristic (no model for this target)"
         model, where = load_model(default), f"installed default model {default.name}"
-        if default.stem == CDNA_MODEL and not _is_cdna_model_target(target_name):
+        if lent:
             where += f" (the {CDNA_MODEL} prior, for another CDNA GPU)"
     warn_if_trained_elsewhere(model.metadata.get("target_kinds"), target_name, where)
     return model, where
@@ -116,14 +122,3 @@ def warn_if_trained_elsewhere(trained_on: object, target_name: str, where: str) 
                    target_name)
     return True
 
-
-def _is_cdna_model_target(target_name: str) -> bool:
-    """Whether a target is the architecture `CDNA_MODEL` was trained for (or one of its products)."""
-    from dispatchtune.errors import TargetError
-    from dispatchtune.targets import get_target
-
-    target = get_target(target_name)
-    try:
-        return target.arch == CDNA_MODEL or target.gpu_facts().arch == CDNA_MODEL
-    except TargetError:
-        return False
