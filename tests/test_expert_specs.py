@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -155,20 +157,23 @@ def test_small_and_multi_m_contraction_experts_in_the_space_or_told_why_not() ->
                           "collapses it into the next loop when it compiles the op alone)"), name
 
 
+def _expert_order(tmp_path: Path, fixture: str, *args: str, timeout: float = 900
+                  ) -> subprocess.CompletedProcess[str]:
+    """`python benchmarks/expert_order.py SPEC_DIR ARGS...` as a subprocess from the project root,
+    SPEC_DIR (`tmp_path/specs`) holding a copy of one fixture spec file."""
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    (specs / fixture).write_text((FIXTURES / fixture).read_text())
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "benchmarks/expert_order.py", str(specs), *args],
+                          cwd=root, capture_output=True, text=True, timeout=timeout)
+
+
 def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
     """`python benchmarks/expert_order.py SPEC_DIR -o out/whole --no-heuristic-filters`, as a
     subprocess: a report with each expert's place, and IREE's reason for the one outside."""
-    import subprocess
-    import sys
-
-    specs = tmp_path / "specs"
-    specs.mkdir()
     name = "implicit_gemm_convolution.mlir"
-    (specs / name).write_text((FIXTURES / name).read_text())
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "whole"),
-         "--no-heuristic-filters"], cwd=root, capture_output=True, text=True, timeout=900)
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "whole"), "--no-heuristic-filters")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = (tmp_path / "whole" / "report.md").read_text()
     assert f"| {name} | 2 | 2 | 1 |" in report  # matchers, enumerated, in the space
@@ -184,18 +189,9 @@ def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
 def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) -> None:
     """`--target gfx950`: the dispatches enumerated and featurised for that GPU, IREE's gfx950
     default of each placed in the (gfx942) prior's and the heuristic's orders."""
-    import subprocess
-    import sys
-
-    specs = tmp_path / "specs"
-    specs.mkdir()
     name = "unet_fp16_vectordistribute.mlir"
-    (specs / name).write_text((FIXTURES / name).read_text())
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "out"),
-         "--target", "gfx950", "--orders", "model,heuristic", "--cache", str(tmp_path / "c")],
-        cwd=root, capture_output=True, text=True, timeout=900)
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "out"), "--target", "gfx950",
+                         "--orders", "model,heuristic", "--cache", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "out" / "report.md").read_text().startswith(
         "# Expert configurations in the candidate order of gfx950")
@@ -204,9 +200,7 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
     for order in ("model", "heuristic"):
         assert 1 <= float(row[f"{order}_default_position"]) <= float(row["n"])
     assert list((tmp_path / "c").glob("*.gfx950.default.json"))  # cached apart from gfx942's
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "x"),
-         "--target", "host"], cwd=root, capture_output=True, text=True, timeout=300)
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "x"), "--target", "host", timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: host is not a GPU target"
 
 
@@ -214,9 +208,6 @@ def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
     """A file whose experts use an intrinsic only gfx950 has (or whose name is a gfx950
     product) is enumerated and featurised on gfx950, where its expert is a candidate; on gfx942
     it would be "not in space"."""
-    import subprocess
-    import sys
-
     from dispatchtune.benchmarks.expert_order import file_architecture
 
     name = "gfx950_double_k_matmul.mlir"
@@ -225,14 +216,8 @@ def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
     punet = load_spec_file(FIXTURES / "punet_vectordistribute.mlir")
     assert file_architecture("punet_vectordistribute.mlir", punet) == "gfx942"
     assert file_architecture("punet_mi355x.mlir", []) == "gfx950"  # the product its name states
-    specs = tmp_path / "specs"
-    specs.mkdir()
-    (specs / name).write_text((FIXTURES / name).read_text())
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/expert_order.py", str(specs), "-o", str(tmp_path / "out"),
-         "--no-heuristic-filters", "--orders", "model,heuristic", "--cache", str(tmp_path / "c")],
-        cwd=root, capture_output=True, text=True, timeout=900)
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "out"), "--no-heuristic-filters",
+                         "--orders", "model,heuristic", "--cache", str(tmp_path / "c"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
     assert str(row["features_for"]).startswith("gfx950") and row["status"] == "in space"
