@@ -530,6 +530,8 @@ def _plot(frame: pd.DataFrame, orders: Sequence[str], path: Path) -> None:
     placed = frame[frame["status"] == "in space"]
     fig, ax = plt.subplots(figsize=(7, 4))
     for order in orders:
+        if f"{order}_fraction" not in placed:
+            continue  # no expert in any space: nothing to plot
         values = np.sort(placed[f"{order}_fraction"].to_numpy())
         if len(values):
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=order)
@@ -583,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             named = get_target(args.target)
             if not named.is_gpu:
                 raise DispatchTuneError(f"{args.target} is not a GPU target")
+            named.gpu_facts()  # a name IREE does not know: its one line now, not per dispatch
         except DispatchTuneError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2

@@ -202,6 +202,11 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
     assert list((tmp_path / "c").glob("*.gfx950.default.json"))  # cached apart from gfx942's
     proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "x"), "--target", "host", timeout=300)
     assert proc.returncode == 2 and proc.stderr.strip() == "error: host is not a GPU target"
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "x"), "--target", "gfx9999",
+                         timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().startswith("error: IREE cannot compile for gfx9999")
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
@@ -222,6 +227,13 @@ def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
     (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
     assert str(row["features_for"]).startswith("gfx950") and row["status"] == "in space"
     assert row["expert_intrinsic"] == "MFMA_F32_16x16x32_BF16"
+    # Forced onto gfx90a, which lacks that intrinsic: no expert in any space, still a report.
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "gfx90a"), "--target", "gfx90a",
+                         "--orders", "model", "--cache", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = pd.read_csv(tmp_path / "gfx90a" / "positions.csv").to_dict("records")
+    assert row["status"] == "not in space" and str(row["excluded_by"]).startswith("intrinsic=")
+    assert (tmp_path / "gfx90a" / "positions.png").exists()
 
 
 def test_iree_default_attention_config_is_read_over_its_collapsed_batch() -> None:
