@@ -23,13 +23,15 @@ Only expert configurations inside the enumerated space count (see benchmarks/exp
 Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--cache DIR]
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
-           [--tree-weight W] [--collapse-repeats] [--folds K] [--per-expert CSV]
+           [--tree-weight W] [--diversity NAME=W,...] [--collapse-repeats] [--folds K]
+           [--per-expert CSV]
            [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
 25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of
 memory at peak): SPECS31 --cache DIR --no-heuristic-filters
 --hard-negatives 50 --listwise 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
---folds 4 --save costmodel/models/gfx942.json.
+--diversity threads=0.05,workgroup_split=0.1 --folds 4 --save costmodel/models/gfx942.json
+(`--diversity` since part 25: a prediction setting, the same fits).
 """
 
 from __future__ import annotations
@@ -54,7 +56,13 @@ from dispatchtune.benchmarks.expert_order import (
 )
 from dispatchtune.cli.options import output_file
 from dispatchtune.costmodel.heuristic import HeuristicModel, _log
-from dispatchtune.costmodel.pairwise import PIPELINES, POSITIVE, WEAK_POSITIVE, PairwiseModel
+from dispatchtune.costmodel.pairwise import (
+    DIVERSITY_FAMILIES,
+    PIPELINES,
+    POSITIVE,
+    WEAK_POSITIVE,
+    PairwiseModel,
+)
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.features import extract_features
@@ -172,10 +180,12 @@ def one_per_repeat(data: Sequence[Expert]) -> list[Expert]:
 def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = False,
               hard_negatives: int = 0, listwise: float = 0.0,
               pipeline_terms: bool = False, pipeline_rankers: bool = False,
-              tree_weight: float = 0.0, collapse_repeats: bool = False) -> PairwiseModel:
+              tree_weight: float = 0.0, collapse_repeats: bool = False,
+              diversity: dict[str, float] | None = None) -> PairwiseModel:
     """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline;
     `tree_weight`: each ranker blended with LambdaRank trees; `collapse_repeats`: on one copy of
-    each repeated expert (`one_per_repeat`)."""
+    each repeated expert (`one_per_repeat`); `diversity`: each ranker's order spread over
+    candidate families (`pairwise.diversified`)."""
     if collapse_repeats:
         data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
@@ -183,8 +193,25 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
                           listwise=listwise, pipeline_terms=pipeline_terms,
                           pipeline_rankers=PIPELINES if pipeline_rankers else (),
-                          tree_weight=tree_weight if pipeline_rankers else 0.0)
+                          tree_weight=tree_weight if pipeline_rankers else 0.0,
+                          diversity=diversity if pipeline_rankers else None)
     return model.fit(features, labels, groups, table)
+
+
+def diversity_weights(text: str) -> dict[str, float]:
+    """`--diversity` as weights: `threads=0.05,workgroup_split=0.1`."""
+    weights = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        try:
+            weights[name.strip()] = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not NAME=WEIGHT") from None
+    unknown = sorted(set(weights) - set(DIVERSITY_FAMILIES))
+    if unknown or any(not 0 <= w < float("inf") for w in weights.values()):
+        raise argparse.ArgumentTypeError(
+            f"takes NAME=WEIGHT (weight >= 0) for names of {', '.join(DIVERSITY_FAMILIES)}")
+    return weights
 
 
 def summary_row(label: str, fractions: dict[str, np.ndarray]) -> dict[str, object]:
@@ -221,6 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tree-weight", type=float, default=0.0, metavar="W",
                         help="prior_interleaved: blend each pipeline ranker with LambdaRank "
                         "trees, W to the trees (0: off; attention keeps the linear score)")
+    parser.add_argument("--diversity", type=diversity_weights, default={}, metavar="NAME=W,...",
+                        help="prior_interleaved: spread each ranker's order over candidate "
+                        f"families ({', '.join(DIVERSITY_FAMILIES)}), W per family")
     parser.add_argument("--collapse-repeats", action="store_true",
                         help="prior: train on one copy of an expert other files repeat (same "
                         "dispatch, same configuration)")
@@ -279,7 +309,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                              [d[4] for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
-                                  tree_weight=args.tree_weight,
+                                  tree_weight=args.tree_weight, diversity=args.diversity,
                                   collapse_repeats=args.collapse_repeats, **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
@@ -318,7 +348,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
                           args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
-                          args.collapse_repeats)
+                          args.collapse_repeats, args.diversity)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -335,6 +365,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "hard_negatives": args.hard_negatives,
                               "listwise_l2": args.listwise,
                               "tree_weight": args.tree_weight,
+                              "diversity": args.diversity,
                               "collapse_repeats": args.collapse_repeats,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},

@@ -25,6 +25,8 @@ The "pairwise" kind (`costmodel/pairwise.py`, a linear GPU prior) stores, instea
 also stores `"weights_<pipeline>"` for each (on the plain basis, without kind or pipeline terms),
 and one with `params.tree_weight` each ranker's LambdaRank trees as `"model": {"trees_<pipeline>":
 {"basis": [...], <trees as above>}}` (`basis` names the columns the trees read, `tree_basis`).
+`params.diversity` (`{"threads": 0.05, ...}`, names of `pairwise.DIVERSITY_FAMILIES`) is a
+prediction setting: how much each ranker's order spreads over candidate families.
 
 Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
 from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
@@ -49,6 +51,7 @@ import numpy as np
 
 from dispatchtune.costmodel.learned import LABEL, MODELS, LearnedModel
 from dispatchtune.costmodel.pairwise import (
+    DIVERSITY_FAMILIES,
     PIPELINES,
     PairwiseModel,
     basis_names,
@@ -350,11 +353,16 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     _feature_names(fields)  # the basis is computed from this feature schema
     params = fields.get("params", dict, "an object")
     numbers, flags = ("c", "pairs", "weak_weight", "tree_weight"), ("kind_terms", "pipeline_terms")
-    lists = ("pipeline_rankers",)
+    lists, maps = ("pipeline_rankers",), ("diversity",)
     for key, value in params.items():
-        if key not in numbers + flags + lists:
+        if key not in numbers + flags + lists + maps:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
-                               f"(known: {', '.join(numbers + flags + lists)})")
+                               f"(known: {', '.join(numbers + flags + lists + maps)})")
+        if key in maps and not (isinstance(value, dict) and all(
+                name in DIVERSITY_FAMILIES and not isinstance(w, bool)
+                and isinstance(w, int | float) and w >= 0 for name, w in value.items())):
+            raise fields.error(f"params.{key}", f"is {_short(value)}, expected an object of "
+                               f"weights >= 0 named {', '.join(DIVERSITY_FAMILIES)}")
         if key in lists and not (isinstance(value, list) and len(value) <= len(PIPELINES)
                                  and all(name in PIPELINES for name in value)):
             raise fields.error(f"params.{key}", f"is {_short(value)}, expected a list of "

@@ -100,6 +100,16 @@ TREE_SETTINGS: dict[str, Any] = {
     "subsample": 0.8, "subsample_freq": 1, "colsample_bytree": 0.8,
 }
 TREE_NEGATIVES = 3000
+#: Families of candidates a model's `diversity` may name: the rows of one pipeline that share the
+#: values of these candidate-table columns. `threads`: the workgroup size; `workgroup_split`: the
+#: workgroup tile and its subgroup split (rows that differ only in K tile, intrinsic or
+#: lowering). A ranker's first rows are near copies of its favourite, while spec files disagree
+#: with each other one knob at a time, so past a family's best rows the next family's best is
+#: worth more (held out and outside: docs/gpu_order.md, part 25).
+DIVERSITY_FAMILIES: dict[str, tuple[str, ...]] = {
+    "threads": ("workgroup_threads",),
+    "workgroup_split": ("tile_m", "tile_n", "subgroups_m", "subgroups_n"),
+}
 
 
 def _standardised(z: np.ndarray) -> np.ndarray:
@@ -217,6 +227,24 @@ def interleave(scores: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
     return out
 
 
+def diversified(scores: np.ndarray, table: pd.DataFrame, weights: dict[str, float]) -> np.ndarray:
+    """`scores` of one candidate set (`table`, the same rows) minus, for each family of
+    `DIVERSITY_FAMILIES` named in `weights`, its weight x log2(1 + the row's rank among the rows of
+    its family, best first: 0 for the family's best row). A family whose columns the table lacks
+    is skipped."""
+    out = np.asarray(scores, dtype=np.float64).copy()
+    order = np.argsort(-out, kind="stable")
+    for name, weight in weights.items():
+        columns = [c for c in DIVERSITY_FAMILIES[name] if c in table]
+        if not weight or not columns:
+            continue
+        family = table.groupby(columns, sort=False, dropna=False).ngroup().to_numpy()[order]
+        rank = np.empty(len(out))
+        rank[order] = pd.Series(family).groupby(family).cumcount().to_numpy()
+        out -= weight * np.log2(1.0 + rank)
+    return out
+
+
 def _unit(w: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(w))
     return w / norm if norm > 0 else w
@@ -230,7 +258,8 @@ class PairwiseModel(CostModel):
     def __init__(self, c: float = 0.01, pairs: int = 400, weak_weight: float = 0.5,
                  seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
                  listwise: float = 0.0, pipeline_terms: bool = False,
-                 pipeline_rankers: Sequence[str] = (), tree_weight: float = 0.0) -> None:
+                 pipeline_rankers: Sequence[str] = (), tree_weight: float = 0.0,
+                 diversity: dict[str, float] | None = None) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
                 and listwise >= 0 and 0 <= tree_weight <= 1):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
@@ -240,6 +269,14 @@ class PairwiseModel(CostModel):
             raise InputError(f"pipeline_rankers take distinct names of {', '.join(PIPELINES)}")
         if tree_weight and not pipeline_rankers:
             raise InputError("tree_weight needs pipeline_rankers (the trees rank within one)")
+        diversity = dict(diversity or {})
+        if any(name not in DIVERSITY_FAMILIES or isinstance(weight, bool)
+               or not isinstance(weight, int | float) or not 0 <= weight < float("inf")
+               for name, weight in diversity.items()):
+            raise InputError("diversity maps names of "
+                             f"{', '.join(DIVERSITY_FAMILIES)} to weights >= 0")
+        if diversity and not pipeline_rankers:
+            raise InputError("diversity needs pipeline_rankers (it reorders each one's rows)")
         # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
         self.listwise = float(listwise)
@@ -254,6 +291,8 @@ class PairwiseModel(CostModel):
             self.params["pipeline_rankers"] = list(pipeline_rankers)
         if tree_weight:
             self.params["tree_weight"] = float(tree_weight)
+        if diversity:
+            self.params["diversity"] = {name: float(w) for name, w in diversity.items()}
         self.seed = seed
         self.weights: np.ndarray | None = None
         #: Pipeline -> weights on the plain `basis` of that pipeline's rows (`pipeline_rankers`).
@@ -278,6 +317,10 @@ class PairwiseModel(CostModel):
     @property
     def tree_weight(self) -> float:
         return float(self.params.get("tree_weight", 0.0))
+
+    @property
+    def diversity(self) -> dict[str, float]:
+        return dict(self.params.get("diversity", {}))
 
     @property
     def fitted(self) -> bool:
@@ -462,20 +505,25 @@ class PairwiseModel(CostModel):
         for name in self.rankers:
             rows = np.flatnonzero(pipeline == name)
             if len(rows):
-                scores[rows] = self._ranker_scores(name, features.iloc[rows], table.iloc[rows])
+                own = self._ranker_scores(name, features.iloc[rows], table.iloc[rows])
+                if self.diversity:
+                    own = np.round(diversified(own, table.iloc[rows], self.diversity), 9)
+                scores[rows] = own
         return interleave(scores, pipeline)
 
     def _ranker_scores(self, name: str, features: pd.DataFrame, table: pd.DataFrame
                        ) -> np.ndarray:
         """Scores of one pipeline's rows of a candidate set by that pipeline's ranker: its linear
-        score, blended with its trees' (both standardised over the rows, `tree_weight` to the
-        trees) except on attention, where the trees lose held out (docs/gpu_order.md, part 16)."""
+        score standardised over the rows, blended with its trees' (standardised too,
+        `tree_weight` to the trees) except on attention, where the trees lose held out
+        (docs/gpu_order.md, part 16)."""
         own = basis(features, table)
         linear = own @ self.rankers[name]
         trees = self.trees.get(name)
         if trees is None or bool(features["kind_attention"].to_numpy().any()):
-            # Rounded so that candidates equal on every basis feature tie exactly.
-            return np.round(linear, 9)
+            # Rounded so that candidates equal on every basis feature tie exactly; standardised so
+            # that `diversity` weighs the same on every dispatch.
+            return np.round(_standardised(linear), 9)
         w = self.tree_weight
         tree_scores = trees.predict(tree_basis(features, table, plain=own))
         blended = (1 - w) * _standardised(linear) + w * _standardised(tree_scores)

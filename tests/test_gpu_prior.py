@@ -20,6 +20,7 @@ from dispatchtune.costmodel.pairwise import (
     PairwiseModel,
     basis,
     basis_names,
+    diversified,
     interleave,
 )
 from dispatchtune.costmodel.rank import rank
@@ -434,6 +435,63 @@ def test_rank_speed_benchmark_times_rank_json_and_refuses_a_bad_conv(
     assert "unsupported element type 'x9'" in capsys.readouterr().err
 
 
+def test_diversified_moves_a_familys_later_rows_behind_the_next_familys_best() -> None:
+    """Each row loses weight x log2(1 + its rank within its family): a family's best row keeps
+    its score, its third falls behind another family's best; no weight or no column: no change."""
+    scores = np.array([5.0, 4.0, 3.0, 2.9])
+    table = pd.DataFrame({"workgroup_threads": [256, 256, 256, 64]})
+    out = diversified(scores, table, {"threads": 1.0})
+    assert out.tolist() == [5.0, 3.0, 3.0 - np.log2(3.0), 2.9]
+    assert np.argsort(-out, kind="stable").tolist() == [0, 1, 3, 2]
+    assert diversified(scores, table, {"threads": 0.0}).tolist() == scores.tolist()
+    assert diversified(scores, table, {"workgroup_split": 1.0}).tolist() == scores.tolist()
+    both = table.assign(tile_m=[64, 64, 128, 32], tile_n=64, subgroups_m=1, subgroups_n=2)
+    out = diversified(scores, both, {"threads": 1.0, "workgroup_split": 1.0})
+    assert out.tolist() == [5.0, 4.0 - 2.0, 3.0 - np.log2(3.0), 2.9]  # rows 2, 3 lead their tiles
+
+
+def test_diversity_spreads_each_rankers_order_and_round_trips(tmp_path: Path) -> None:
+    """`diversity` reorders each pipeline ranker's rows (its best row stays first, more thread
+    counts come early), is checked on construction and on load, and the model file keeps it; the
+    shipped gfx942 prior has it."""
+    cands = _small()
+    pipelines = cands.table["pipeline"].astype(str).to_numpy()
+    features = extract_features(SMALL, GFX942, cands.table)
+    fused = np.flatnonzero(pipelines == "TileAndFuse")
+    labels = np.where(np.arange(len(features)) == fused[len(fused) // 2], POSITIVE, 0.0)
+    groups = np.zeros(len(features))
+    for bad, message in (({"tiles": 1.0}, "diversity maps names"),
+                         ({"threads": -1.0}, "diversity maps names")):
+        with pytest.raises(InputError, match=message):
+            PairwiseModel(pipeline_rankers=["TileAndFuse"], diversity=bad)
+    with pytest.raises(InputError, match="diversity needs pipeline_rankers"):
+        PairwiseModel(diversity={"threads": 1.0})
+    plain = PairwiseModel(c=1.0, pipeline_rankers=["TileAndFuse"]).fit(
+        features, labels, groups, cands.table)
+    spread = PairwiseModel(c=1.0, pipeline_rankers=["TileAndFuse"],
+                           diversity={"threads": 1.0}).fit(features, labels, groups, cands.table)
+    assert np.array_equal(spread.rankers["TileAndFuse"], plain.rankers["TileAndFuse"])
+    before = np.argsort(-plain.predict_candidates(features, cands.table), kind="stable")
+    scores = spread.predict_candidates(features, cands.table)
+    after = np.argsort(-scores, kind="stable")
+    assert after[0] == before[0]
+    threads = cands.table["workgroup_threads"].to_numpy()
+    assert len(set(threads[after[:8]])) > len(set(threads[before[:8]]))
+    path = save_model(spread, tmp_path / "m.json")
+    loaded = load_cost_model(path)
+    assert isinstance(loaded, PairwiseModel) and loaded.diversity == {"threads": 1.0}
+    assert np.array_equal(loaded.predict_candidates(features, cands.table), scores)
+    document = json.loads(path.read_text())
+    document["params"]["diversity"] = {"threads": "much"}
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"params\.diversity"):
+        load_cost_model(path)
+    installed = default_model_path("gfx942")
+    assert installed is not None
+    shipped = load_cost_model(installed)
+    assert isinstance(shipped, PairwiseModel) and shipped.diversity
+
+
 def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`expert_order_lofo.py --folds K` holds files out K groups at a time, every file once."""
@@ -448,6 +506,12 @@ def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         main(["specs", "--folds", "1"])
     assert exit_info.value.code == 2
     assert "--folds takes 0" in capsys.readouterr().err
+    for bad in ("tiles=1", "threads=much", "threads=-1"):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["specs", "--diversity", bad])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert "--diversity" in err and "Traceback" not in err
 
 
 def test_lofo_refuses_unwritable_outputs_before_fitting(
