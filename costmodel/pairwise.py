@@ -21,7 +21,10 @@ pipeline for the same dispatch, and nothing in a dispatch tells which a GPU will
 first candidates hedge between them (docs/gpu_order.md, part 15). With `tree_weight` each ranker
 also holds LightGBM LambdaRank trees, which also see the problem's sizes; on contractions and
 convolutions a ranker's score is then that share of the trees' score and the rest of its linear
-one (part 16). The weight arrays are saved by
+one (part 16). With `diversity`, each ranker's order is spread over candidate families before
+the pipelines are taken in turn: a row loses a little for every better-scored row of its family
+(same workgroup size; same workgroup tile and subgroup split), so near copies of the favourite
+stop crowding out the next family's best (`diversified`, part 25). The weight arrays are saved by
 `costmodel/modelfile.py` as the "pairwise" kind. See
 docs/gpu_order.md for how the shipped gfx942 model is trained and how it does on held-out spec
 files.
