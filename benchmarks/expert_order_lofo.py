@@ -62,9 +62,10 @@ from dispatchtune.costmodel.pairwise import (
     POSITIVE,
     WEAK_POSITIVE,
     PairwiseModel,
+    checked_diversity,
 )
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
-from dispatchtune.errors import DispatchTuneError
+from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.features import extract_features
 
 LOG_FEATURES = (
@@ -207,11 +208,12 @@ def diversity_weights(text: str) -> dict[str, float]:
             weights[name.strip()] = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{item!r} is not NAME=WEIGHT") from None
-    unknown = sorted(set(weights) - set(DIVERSITY_FAMILIES))
-    if unknown or any(not 0 <= w < float("inf") for w in weights.values()):
+    try:
+        return checked_diversity(weights)
+    except InputError:
         raise argparse.ArgumentTypeError(
-            f"takes NAME=WEIGHT (weight >= 0) for names of {', '.join(DIVERSITY_FAMILIES)}")
-    return weights
+            f"takes NAME=WEIGHT (weight >= 0) for names of {', '.join(DIVERSITY_FAMILIES)}"
+        ) from None
 
 
 def summary_row(label: str, fractions: dict[str, np.ndarray]) -> dict[str, object]:

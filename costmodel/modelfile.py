@@ -55,6 +55,7 @@ from dispatchtune.costmodel.pairwise import (
     PIPELINES,
     PairwiseModel,
     basis_names,
+    checked_diversity,
     tree_basis_names,
 )
 from dispatchtune.costmodel.trees import TreeArrays
@@ -358,11 +359,12 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
         if key not in numbers + flags + lists + maps:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
                                f"(known: {', '.join(numbers + flags + lists + maps)})")
-        if key in maps and not (isinstance(value, dict) and all(
-                name in DIVERSITY_FAMILIES and not isinstance(w, bool)
-                and isinstance(w, int | float) and w >= 0 for name, w in value.items())):
-            raise fields.error(f"params.{key}", f"is {_short(value)}, expected an object of "
-                               f"weights >= 0 named {', '.join(DIVERSITY_FAMILIES)}")
+        if key in maps:
+            try:
+                checked_diversity(value)
+            except InputError:
+                raise fields.error(f"params.{key}", f"is {_short(value)}, expected an object of "
+                                   f"weights >= 0 named {', '.join(DIVERSITY_FAMILIES)}") from None
         if key in lists and not (isinstance(value, list) and len(value) <= len(PIPELINES)
                                  and all(name in PIPELINES for name in value)):
             raise fields.error(f"params.{key}", f"is {_short(value)}, expected a list of "

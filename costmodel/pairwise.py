@@ -230,6 +230,17 @@ def interleave(scores: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
     return out
 
 
+def checked_diversity(weights: Any) -> dict[str, float]:
+    """`weights` as a `diversity` setting: names of `DIVERSITY_FAMILIES` to finite numbers >= 0
+    (from code, a model file or a command line), else one `InputError`."""
+    if not isinstance(weights, dict) or any(
+            name not in DIVERSITY_FAMILIES or isinstance(weight, bool)
+            or not isinstance(weight, int | float) or not 0 <= weight < float("inf")
+            for name, weight in weights.items()):
+        raise InputError(f"diversity maps names of {', '.join(DIVERSITY_FAMILIES)} to weights >= 0")
+    return {name: float(weight) for name, weight in weights.items()}
+
+
 def diversified(scores: np.ndarray, table: pd.DataFrame, weights: dict[str, float]) -> np.ndarray:
     """`scores` of one candidate set (`table`, the same rows) minus, for each family of
     `DIVERSITY_FAMILIES` named in `weights`, its weight x log2(1 + the row's rank among the rows of
@@ -272,12 +283,7 @@ class PairwiseModel(CostModel):
             raise InputError(f"pipeline_rankers take distinct names of {', '.join(PIPELINES)}")
         if tree_weight and not pipeline_rankers:
             raise InputError("tree_weight needs pipeline_rankers (the trees rank within one)")
-        diversity = dict(diversity or {})
-        if any(name not in DIVERSITY_FAMILIES or isinstance(weight, bool)
-               or not isinstance(weight, int | float) or not 0 <= weight < float("inf")
-               for name, weight in diversity.items()):
-            raise InputError("diversity maps names of "
-                             f"{', '.join(DIVERSITY_FAMILIES)} to weights >= 0")
+        diversity = checked_diversity(diversity or {})
         if diversity and not pipeline_rankers:
             raise InputError("diversity needs pipeline_rankers (it reorders each one's rows)")
         # Training settings, not prediction ones: kept out of the stored params.
@@ -295,7 +301,7 @@ class PairwiseModel(CostModel):
         if tree_weight:
             self.params["tree_weight"] = float(tree_weight)
         if diversity:
-            self.params["diversity"] = {name: float(w) for name, w in diversity.items()}
+            self.params["diversity"] = diversity
         self.seed = seed
         self.weights: np.ndarray | None = None
         #: Pipeline -> weights on the plain `basis` of that pipeline's rows (`pipeline_rankers`).
@@ -505,12 +511,13 @@ class PairwiseModel(CostModel):
         # The shared score (standardised over the whole set) only for rows no ranker orders.
         scores = (np.zeros(len(features)) if np.isin(pipeline, list(self.rankers)).all()
                   else self._shared_scores(features, table))
+        diversity = self.diversity
         for name in self.rankers:
             rows = np.flatnonzero(pipeline == name)
             if len(rows):
                 own = self._ranker_scores(name, features.iloc[rows], table.iloc[rows])
-                if self.diversity:
-                    own = np.round(diversified(own, table.iloc[rows], self.diversity), 9)
+                if diversity:
+                    own = np.round(diversified(own, table.iloc[rows], diversity), 9)
                 scores[rows] = own
         return interleave(scores, pipeline)
 

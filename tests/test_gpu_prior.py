@@ -49,6 +49,16 @@ def _one_expert() -> tuple[pd.DataFrame, np.ndarray, np.ndarray]:
     return features, labels, np.zeros(len(features))
 
 
+def _tileandfuse_expert() -> tuple[CandidateSet, pd.DataFrame, np.ndarray, np.ndarray, np.ndarray]:
+    """The small space, its features, labels with one TileAndFuse row as the expert, one group,
+    and the TileAndFuse rows."""
+    cands = _small()
+    features = extract_features(SMALL, GFX942, cands.table)
+    fused = np.flatnonzero(cands.table["pipeline"].astype(str).to_numpy() == "TileAndFuse")
+    labels = np.where(np.arange(len(features)) == fused[len(fused) // 2], POSITIVE, 0.0)
+    return cands, features, labels, np.zeros(len(features)), fused
+
+
 def _fitted() -> tuple[PairwiseModel, np.ndarray]:
     """A prior fit on one real space where one configuration plays the expert."""
     features, labels, groups = _one_expert()
@@ -367,12 +377,7 @@ def test_ranker_trees_blend_into_contractions_but_not_attention(tmp_path: Path) 
     weights are those of the same model without trees, contraction scores blend the two, the
     expert stays early, attention keeps the linear order, and the model file keeps the trees (and
     refuses a file that lost them or whose tree basis differs)."""
-    cands = _small()
-    pipelines = cands.table["pipeline"].astype(str).to_numpy()
-    features = extract_features(SMALL, GFX942, cands.table)
-    fused = np.flatnonzero(pipelines == "TileAndFuse")
-    labels = np.where(np.arange(len(features)) == fused[len(fused) // 2], POSITIVE, 0.0)
-    groups = np.zeros(len(features))
+    cands, features, labels, groups, fused = _tileandfuse_expert()
     with pytest.raises(InputError, match="tree_weight needs pipeline_rankers"):
         PairwiseModel(tree_weight=0.5)
     with pytest.raises(InputError, match="tree_weight <= 1"):
@@ -454,12 +459,7 @@ def test_diversity_spreads_each_rankers_order_and_round_trips(tmp_path: Path) ->
     """`diversity` reorders each pipeline ranker's rows (its best row stays first, more thread
     counts come early), is checked on construction and on load, and the model file keeps it; the
     shipped gfx942 prior has it."""
-    cands = _small()
-    pipelines = cands.table["pipeline"].astype(str).to_numpy()
-    features = extract_features(SMALL, GFX942, cands.table)
-    fused = np.flatnonzero(pipelines == "TileAndFuse")
-    labels = np.where(np.arange(len(features)) == fused[len(fused) // 2], POSITIVE, 0.0)
-    groups = np.zeros(len(features))
+    cands, features, labels, groups, _ = _tileandfuse_expert()
     for bad, message in (({"tiles": 1.0}, "diversity maps names"),
                          ({"threads": -1.0}, "diversity maps names")):
         with pytest.raises(InputError, match=message):
