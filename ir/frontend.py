@@ -235,6 +235,9 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
             # The target, not the file: e.g. IREE 3.13 has no description of sm_90 or gfx1030.
             raise TargetError(f"IREE {iree_compiler_version()} has no GPU description of "
                               f"target {target.name!r} (`{target.compile_flags[-1]}`): {reason}")
+        if target is not None and "Unknown CPU" in reason:
+            raise TargetError(f"IREE {iree_compiler_version()} does not know the CPU of target "
+                              f"{target.name!r}: {reason}")
         raise InputError(f"iree-compile rejected {path}: {reason}")
     return [chunk for chunk in _DUMP_HEADER.split(proc.stderr)[1:] if chunk.strip()]
 

@@ -42,7 +42,7 @@ from dispatchtune.problem import Problem
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
 from dispatchtune.targets import Target
-from dispatchtune.toolchain import compiler_failure, run_tool
+from dispatchtune.toolchain import compiler_failure, iree_compiler_version, run_tool
 
 Entry = int | str  # a lowering-config list entry: a literal or a knob name
 
@@ -190,11 +190,19 @@ def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tup
     try:
         text = constraints_module(problem, target)
     except DispatchTuneError as error:
+        if "crashed" in str(error) and _matrix_vector(problem):
+            raise DispatchTuneError(
+                f"IREE emits no GPU constraints for {problem.describe()} on {target.name} (its "
+                f"constraint generator crashes on a matrix-vector product, with no M or no N loop "
+                f"larger than 1, which IREE configures as a reduction without MMA intrinsics)"
+            ) from error
         unbatched = without_loops(problem, batch) if batch else None
         if unbatched is None or "crashed" not in str(error):
             raise
-        logger.info("%s; using the constraints of %s with a tile of 1 on loop(s) %s",
-                    error, unbatched.describe(), ", ".join(f"d{i}" for i in batch))
+        logger.info("IREE %s crashes emitting constraints for %s on %s, as it does for batch "
+                    "loops and convolution groups; using the constraints of %s with a tile of 1 "
+                    "on loop(s) %s", iree_compiler_version(), problem.describe(), target.name,
+                    unbatched.describe(), ", ".join(f"d{i}" for i in batch))
         constraints_module(unbatched, target)
         source = (unbatched, batch)
     else:
@@ -205,6 +213,14 @@ def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tup
             if unbatched is not None:
                 source = (unbatched, batch)
     return source
+
+
+def _matrix_vector(problem: Problem) -> bool:
+    """A contraction whose M or N loops (or all of them) have one iteration: a matrix-vector
+    product."""
+    sizes = problem.loop_sizes
+    return problem.kind == "contraction" and any(
+        all(sizes[loop] == 1 for loop in problem.loops(cls)) for cls in ("m", "n"))
 
 
 #: An intrinsic's name ends with its shape and operand type(s): MFMA_F32_16x16x16_F16 is 16 x 16 x

@@ -266,3 +266,15 @@ def test_knob_heuristic_counts_power_of_two_sizes_only() -> None:
     assert model.fit(knobs, None) is model
     assert model.predict(knobs).tolist() == [2.0, 0.0, 2.0, 1.0]
     assert model.rank(knobs).tolist() == [0, 2, 3, 1]
+
+
+def test_the_shipped_cpu_samples_are_featurised_for_the_cpu_they_ran_on() -> None:
+    """The random-order CPU logs behind docs/heuristic.md were measured on an AVX-512 CPU: every
+    record says so, so the documented figures do not depend on the CPU of the machine reading
+    them (featurised for an AVX2 reader, the heuristic looked worse than random on half of them)."""
+    from dispatchtune.datasets.spaces import load_spaces
+
+    samples = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "cpu_random_samples"
+    spaces = load_spaces(sorted(str(d) for d in samples.iterdir() if d.is_dir()), "median_ms")
+    assert len(spaces) == 7 and {s.cpu for s in spaces} == {"znver4"}
+    assert {s.device for s in spaces} <= {"host", "llvm-cpu:znver4"}

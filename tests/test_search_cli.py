@@ -150,6 +150,31 @@ def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file(target: str) -
     assert f"no GPU description of target '{target}'" in line and "rejected" not in line
 
 
+def test_a_cpu_name_iree_does_not_know_is_blamed_not_the_file() -> None:
+    """`llvm-cpu:<name>` with a name LLVM does not know: one line naming the target (it used to
+    read as IREE rejecting the input file)."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target",
+                        "llvm-cpu:nosuchcpu")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "does not know the CPU of target 'llvm-cpu:nosuchcpu'" in line
+    assert "rejected" not in line
+
+
+def test_a_matrix_vector_product_on_a_gpu_is_named_as_such(tmp_path: Path) -> None:
+    """IREE 3.13 crashes emitting constraints for a matmul with an M of 1 (it configures a
+    matrix-vector product as a reduction, without MMA): the line says so, not only that the
+    compiler crashed."""
+    source = tmp_path / "gemv.mlir"
+    source.write_text(Problem.matmul(1, 256, 256, "f16", out_type="f32").to_mlir())
+    proc = dispatchtune("rank", str(source), "--target", "gfx942")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()[-1:]
+    # IREE drops the unit M loop before its tuning-spec matcher sees the op.
+    assert "contraction n=256 k=256" in line and "matrix-vector product" in line
+    assert "Traceback" not in proc.stderr
+
+
 def test_rank_says_the_heuristic_ranks_where_no_model_ships() -> None:
     """`--order model` on a target without a shipped model ranks with the heuristic, and the
     header says so (it used to say "model order")."""

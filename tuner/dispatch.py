@@ -376,7 +376,7 @@ class DispatchTuner:
         if self.options.min_speedup > 1.0:
             finalists = finalists[finalists["speedup"] >= 1.0 / self.options.min_speedup]
         if finalists.empty:
-            progress.write(f"{self.problem.key[:40]}: no candidate screened near the default: "
+            progress.write(f"{self.problem.key}: no candidate screened near the default: "
                            "nothing to confirm")
             self._log_confirmation_plan(0)
             return
@@ -517,7 +517,7 @@ class DispatchTuner:
             self.done.add(record.compilation_info)
             self.benchmarked += self._counts(record)
             logger.info("%s: candidate %d's result restored from the study to the log",
-                        self.problem.key[:40], record.candidate_id)
+                        self.problem.key, record.candidate_id)
 
     def run(self, source: CandidateSource, progress: Any) -> None:
         """Try the source's candidates until the budget is spent, telling it every outcome."""

@@ -84,7 +84,7 @@ def candidate_source(
     )
     if options.budget > len(cset):
         logger.info("%s: the space has %d candidates, fewer than --budget %d: every one will be "
-                    "tried", problem.key[:40], len(cset), options.budget)
+                    "tried", problem.key, len(cset), options.budget)
     model = None
     if options.order in ("model", "online") or options.model_path is not None:
         from dispatchtune.costmodel.defaults import model_for_target
@@ -94,7 +94,7 @@ def candidate_source(
         model, where = model_for_target(target.name, options.model_path)
         if options.progress is not False:
             how = "online search, prior from" if options.order == "online" else "candidates ordered by"
-            logger.info("%s: %s the %s", problem.key[:40], how, where)
+            logger.info("%s: %s the %s", problem.key, how, where)
     if options.order != "online":
         return ranked_order(cset, options.order, options.seed, model, history)
     from dispatchtune.search.online_source import OnlineSource
@@ -283,7 +283,7 @@ def _tune(
                               runners=runners)
         source: CandidateSource | None = None
         progress = Progress(
-            options.budget, tuner.benchmarked, problem.key[:40], mode, options.estimator
+            options.budget, tuner.benchmarked, problem.key, mode, options.estimator
         )
         try:
             # A device host that stays unreachable, or the study storage, stops the run: every
@@ -299,13 +299,13 @@ def _tune(
                     tuner.run(source, progress)
                 tuner.reconfirm_if_interrupted(progress)
             if problem.key in not_tuned:
-                logger.warning("%s: not tuned: %s", problem.key[:40], not_tuned[problem.key])
+                logger.warning("%s: not tuned: %s", problem.key, not_tuned[problem.key])
         finally:
             progress.close()
             if source is not None:
                 source.close()  # an online source hands its open claims back to the study
                 if source.stop_reason and mode != "off":
-                    logger.info("%s: search stopped: %s", problem.key[:40], source.stop_reason)
+                    logger.info("%s: search stopped: %s", problem.key, source.stop_reason)
         if not options.keep_binaries:
             # Binaries and raw inputs/outputs are rebuilt on demand; specs stay for the record.
             for pattern in ("c*/*.vmfb", "c*/*.bin", "baseline/*", "inputs/*.bin"):
@@ -356,7 +356,7 @@ def _say_configs_the_model_ignores(model: Path, target: Target, result: TuneResu
     for key in missing:
         logger.warning("%s: its configuration applies to the dispatch's benchmark but not when %s "
                        "is compiled with the spec (IREE gives the op another form there): the "
-                       "model keeps IREE's default for it", key[:40], model.name)
+                       "model keeps IREE's default for it", key, model.name)
     with result.summary_path.open("a") as summary:
         summary.write("\n## Checked against the whole model\n\n" + "".join(
             f"- `{key}`: the spec's configuration does not apply when `{model.name}` is compiled "

@@ -211,7 +211,7 @@ def decided_records(
             logger.warning(
                 "%s: the confirmation was interrupted (%d of %d measurements); the best candidate "
                 "is chosen from screening alone: rerun the same command to confirm it",
-                key[:40], len(measured), planned)
+                key, len(measured), planned)
     return [r for r in records if not r.is_confirm or id(r) in keep]
 
 
@@ -551,7 +551,9 @@ def write_outputs(
     # With no entries this is a valid spec that keeps every default configuration.
     write_spec_file(entries, spec_path)
     if options.compile_only:
-        spec_note = "Compile-only run: candidates were built and checked, none was benchmarked."
+        built = sum(s.built for s in summaries)
+        spec_note = (f"Compile-only run: {built} candidate(s) were built and checked, none was "
+                     "benchmarked.")
     elif entries:
         spec_note = (
             f"`tuning_spec.mlir` configures {len(entries)} of {len(summaries)} dispatch(es); "

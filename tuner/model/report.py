@@ -96,7 +96,9 @@ def _console_lines(result: ModelTuneResult, target: Target) -> list[str]:
         f"tuned model:   {_ms(result.tuned_ms)}",
         f"speedup {result.speedup:.3f}x (rounds {result.speedup_low:.3f}-"
         f"{result.speedup_high:.3f}x, tuned faster in {result.tuned_faster} of "
-        f"{len(result.tuned_ms)}); outputs vs default build: {result.verify_status}",
+        f"{len(result.tuned_ms)}); outputs vs default build: {result.verify_status}"
+        + ("" if result.kept else " (no configuration was kept: both builds are the compiler "
+           "default, so the speedup is measurement noise)"),
     ]
     for step in result.steps:
         lines.append(
