@@ -42,8 +42,9 @@ GPU_MMA_REUSE_GOOD = 16.0
 CPU_REGISTER_FILL_GOOD = 0.25
 #: CPU: share above which accumulators plus operands no longer fit and spill.
 CPU_REGISTER_SPILL = 0.75
-#: CPU: register-tile rows from which each loaded RHS vector is reused enough.
-CPU_RHS_REUSE_ROWS = 4.0
+#: CPU: register-tile rows from which each loaded RHS vector is reused enough (the 8 independent
+#: accumulators FMA latency x throughput needs; 4 until docs/heuristic.md "rhs_reuse saturates").
+CPU_RHS_REUSE_ROWS = 8.0
 #: Floor of every efficiency factor, so an impossible candidate sorts last without -inf.
 _FLOOR = 1e-6
 

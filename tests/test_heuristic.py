@@ -134,6 +134,9 @@ def test_cpu_terms_penalise_the_right_candidates(cpu_features: pd.DataFrame) -> 
     _worse_gets_lower(f, "vector_utilization", f["vec_n"] == 8, f["vec_n"] == 16)
     _worse_gets_lower(f, "vector_pow2", f["vec_n"] == 48, f["vec_n"] == 64)
     _worse_gets_lower(f, "rhs_reuse", f["vec_m"] == 1, f["vec_m"] == 8)
+    # Saturates at 8 rows, not 4 (docs/heuristic.md "rhs_reuse saturates at 8 rows").
+    _worse_gets_lower(f, "rhs_reuse", f["vec_m"] == 6, f["vec_m"] == 8)
+    assert (HeuristicModel().term_scores(f[f["vec_m"] >= 8])["rhs_reuse"] == 0).all()
     _worse_gets_lower(f, "parallelism", f["workgroups"] == 1, f["workgroups"] >= 2)
     _worse_gets_lower(f, "l1_footprint", f["cpu_l1_footprint_fraction"] > 1.5,
                       f["cpu_l1_footprint_fraction"] < 1)
