@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from dispatchtune.cli.jsonlines import write_json_lines
@@ -87,7 +88,13 @@ def run(args: argparse.Namespace) -> int:
             order = "heuristic"  # no model for this target: the headers say what ranks
     knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     tables = []
-    problems = load_problems(args.file, target)
+    # A model repeats problems (every layer's projections): each is ranked once, as `tune` tunes it.
+    loaded = load_problems(args.file, target)
+    dispatches = Counter(p.key for p in loaded)
+    first: dict[str, Any] = {}
+    for loaded_problem in loaded:
+        first.setdefault(loaded_problem.key, loaded_problem)
+    problems = list(first.values())
     skipped: dict[str, str] = {}
     for problem in problems:
         with skip_dispatch_on_error(problem.key, skipped):
@@ -101,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
             write_json_lines(cset, head, problem.key, sys.stdout)
             tables.append(ranked.assign(problem_key=problem.key))
             continue
-        print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order")
+        shared = dispatches[problem.key]
+        print(f"{problem.key}: {problem.describe()}: {len(ranked)} candidates, {order} order"
+              + (f" ({shared} dispatches of this problem)" if shared > 1 else ""))
         columns = [c for c in _SHOWN if c in ranked.columns]
         limit = _SHOWN_ROWS if args.limit is None else args.limit
         if len(ranked) and limit:

@@ -125,11 +125,13 @@ def list_devices_args(uri: str) -> list[str] | None:
 def unavailable_remedy(suggest_compile_only: bool = True) -> str:
     """What to do when a device here cannot run the target's code: benchmark on another machine,
     or (`suggest_compile_only`: a command that has `--compile-only`, `tune`) only build here.
-    `tune-model` has no `--compile-only`: it needs the model measured."""
+    `tune-model` has no `--compile-only` (it needs the model measured): `tune` on the same model
+    builds and checks its dispatches' candidates here."""
     elsewhere = "--runner ssh://HOST to benchmark on a machine that has it"
     if suggest_compile_only:
         return f"use --compile-only to build and check candidates here, or {elsewhere}"
-    return f"use {elsewhere}"
+    return (f"use {elsewhere}, or `dispatchtune tune` on the same model with --compile-only to "
+            "build and check its dispatches' candidates here")
 
 
 def check_listed(result: ProcessResult, uri: str, where: str, remedy: str = "") -> None:

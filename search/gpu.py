@@ -522,6 +522,10 @@ def _with_k2_floor(space: GpuSpace) -> GpuSpace:
 def _why_no_constraints(problem: Problem, target: Target, source: Problem | None = None,
                         tiled_out: Sequence[int] = ()) -> str:
     """What keeps IREE's constraint generator from an op, as far as the op and target say."""
+    # The element types first: without an intrinsic for them nothing else could help.
+    if not _intrinsic_shapes(target, problem.input_types):
+        return (f"no MMA intrinsic of {target.name} takes "
+                f"{'/'.join(sorted(set(problem.input_types)))}")
     crashed_on = {*problem.loops("batch"), *problem.loops("depth")}
     if source is not None and tiled_out and (
             problem.kind == "attention" or not set(tiled_out) <= crashed_on):
@@ -532,9 +536,6 @@ def _why_no_constraints(problem: Problem, target: Target, source: Problem | None
     if problem.kind == "convolution" and problem.loops("depth") and not problem.loops(
             "input_channel"):
         return "a depthwise convolution has no channel reduction for an MMA intrinsic"
-    if not _intrinsic_shapes(target, problem.input_types):
-        return (f"no MMA intrinsic of {target.name} takes "
-                f"{'/'.join(sorted(set(problem.input_types)))}")
     return ("it has MMA intrinsics for these element types; IREE's constraint generator does not "
             "cover this op's shape or layout")
 

@@ -28,9 +28,10 @@ def test_tune_compile_only_on_an_unlisted_gpu(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("command", "suggested", "not_suggested", "log"), [
     ("tune", "--compile-only", "", "results.jsonl"),
-    # tune-model has no --compile-only; it used to compile and profile the model first, then
-    # fail with the HIP runtime's raw error.
-    ("tune-model", "--runner ssh://HOST", "--compile-only", "model_log.jsonl"),
+    # tune-model has no --compile-only (it used to compile and profile the model first, then
+    # fail with the HIP runtime's raw error): it names `tune`'s.
+    ("tune-model", "`dispatchtune tune` on the same model with --compile-only",
+     "use --compile-only", "model_log.jsonl"),
 ])
 def test_benchmarking_on_a_gpu_this_machine_lacks_is_one_line_before_any_build(
     tmp_path: Path, command: str, suggested: str, not_suggested: str, log: str

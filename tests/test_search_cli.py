@@ -273,3 +273,33 @@ def test_no_gpu_constraints_names_the_cause_the_target_supports() -> None:
         enumerate_candidates(Problem.conv2d_nhwc_hwcf(2, 4, 4, 256, 256, 3, 3, "f32"),
                              get_target("gfx942"))
     assert len(enumerate_candidates(Problem.matmul(4, 100, 320, "f32"), get_target("gfx942")))
+
+
+def test_rank_ranks_a_repeated_problem_once(tmp_path: Path) -> None:
+    """A model with the same matmul in two dispatches (every layer's projections repeat): `rank`
+    ranks it once and says how many dispatches share it, as `tune` tunes it once (it used to print
+    the same table, or the same JSON lines, twice)."""
+    one = Problem.matmul(64, 64, 128).to_mlir()
+    body = one[one.index("{") + 1:one.rindex("return")]
+    # The second on other operands and fused with a consumer (an add), so that IREE keeps two
+    # dispatches (identical ones it merges).
+    again = body.replace("%", "%again_").replace("%again_arg0", "%arg2").replace(
+        "%again_arg1", "%arg3")
+    add = (
+        "  %sum = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, "
+        "affine_map<(i, j) -> (i, j)>], iterator_types = [\"parallel\", \"parallel\"]}\n"
+        "      ins(%again_out : tensor<64x64xf32>) outs(%again_empty : tensor<64x64xf32>) {\n"
+        "  ^bb0(%x: f32, %y: f32):\n    %d = arith.addf %x, %x : f32\n    linalg.yield %d : f32\n"
+        "  } -> tensor<64x64xf32>\n")
+    source = tmp_path / "twice.mlir"
+    source.write_text(
+        "func.func @main(%arg0: tensor<64x128xf32>, %arg1: tensor<128x64xf32>,\n"
+        "                %arg2: tensor<64x128xf32>, %arg3: tensor<128x64xf32>)\n"
+        "    -> (tensor<64x64xf32>, tensor<64x64xf32>) {\n" + body + again + add
+        + "  return %out, %sum : tensor<64x64xf32>, tensor<64x64xf32>\n}\n")
+    proc = dispatchtune("rank", str(source), "--target", "host", "--limit", "1")
+    assert proc.returncode == 0, proc.stderr
+    headers = [line for line in proc.stdout.splitlines() if line.startswith("contraction_")]
+    assert len(headers) == 1 and headers[0].endswith("(2 dispatches of this problem)")
+    lines = dispatchtune("rank", str(source), "--target", "host", "--json", "--limit", "2")
+    assert [json.loads(line)["rank"] for line in lines.stdout.splitlines()] == [0, 1]

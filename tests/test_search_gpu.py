@@ -727,3 +727,16 @@ def _applies_and_compiles(problem: Problem, info: str, source: Path, stem: Path)
                                      *target.tuning_spec_flags(spec), "-o",
                                      str(stem.with_suffix(".vmfb"))])
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_no_constraints_names_missing_element_types_before_collapsed_loops() -> None:
+    """An f32 attention on gfx1100 (no f32 intrinsic) whose dispatch keeps a loop IREE collapses:
+    the reason is the element type, not the loop (the loop's reason used to come first, though
+    the same attention is tunable on gfx942)."""
+    from dispatchtune.search.gpu import _why_no_constraints
+
+    problem = Problem.attention(4, 128, 64, 64, 128, "f32")
+    for target, expected in (("gfx1100", "no MMA intrinsic of gfx1100 takes f32"),
+                             ("gfx942", "its dispatch keeps loop(s) d1")):
+        reason = _why_no_constraints(problem, get_target(target), problem, (1,))
+        assert reason.startswith(expected), (target, reason)

@@ -484,6 +484,8 @@ def test_cli_tunes_a_directory_of_dumped_dispatches(tmp_path: Path) -> None:
     assert f"{dumps}: skipped 1 of 3 dispatch(es) without a tunable root op" in proc.stderr
     assert ("not tuned: dispatchtune tunes contractions, convolutions and attention, not pooling"
             in proc.stdout)
+    # The reason is the pooling's whole story: nothing was tried, so nothing "failed to measure".
+    assert "no candidate was measured successfully" not in proc.stdout
     tried = [r for r in read_results(out / "results.jsonl") if r.is_candidate]
     assert {r.problem_key[:25] for r in tried} == {"contraction_64x64x128_f32"}
     # A build identical to the default is not measured and not counted against the budget (on
@@ -574,3 +576,21 @@ def test_tune_checks_its_spec_against_the_whole_model(tmp_path: Path) -> None:
     assert spec_configs_not_applied(model, HOST, result) == []
     assert "Checked against the whole model" not in result.summary_path.read_text()
     assert sorted(spec_configs_not_applied(FIXTURE, HOST, result)) == sorted(kept)
+
+
+def test_tune_says_when_no_dispatch_could_be_tuned(tmp_path: Path) -> None:
+    """`tune` on a file whose only root op the search does not cover (a max pooling): exit 0 with
+    a spec that keeps every default, and the headline says no dispatch could be tuned (it used to
+    say that no candidate beat the compiler default, though none was tried)."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "tune",
+         str(FIXTURE.parent / "cpu_maxpool_nchw_f32.mlir"), "--target", "host", "--budget", "1",
+         "-o", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "None of the 1 dispatch(es) could be tuned on host" in proc.stdout
+    assert "No candidate beat" not in proc.stdout
+    assert "compilation_info" not in (out / "tuning_spec.mlir").read_text()
+

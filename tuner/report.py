@@ -366,11 +366,10 @@ def describe(summary: DispatchSummary) -> list[str]:
         lines.append(f"  MISCOMPILES (output differs from default): {summary.miscompiles}")
     best = summary.best
     if best is None:
-        lines.append(
-            "  compile-only: nothing was benchmarked"
-            if summary.built and not summary.benchmarked and not summary.baseline_ms
-            else "  no candidate was measured successfully"
-        )
+        if summary.built and not summary.benchmarked and not summary.baseline_ms:
+            lines.append("  compile-only: nothing was benchmarked")
+        elif not summary.not_tuned:  # else the reason above says why nothing was tried
+            lines.append("  no candidate was measured successfully")
         return lines
     lines.append(
         # Screening times: the speedup below may come from the confirmation rounds instead.
@@ -550,10 +549,18 @@ def write_outputs(
     spec_path = out / "tuning_spec.mlir"
     # With no entries this is a valid spec that keeps every default configuration.
     write_spec_file(entries, spec_path)
-    if options.compile_only:
+    untunable = sum(1 for s in summaries if s.not_tuned)
+    if summaries and untunable == len(summaries):
+        spec_note = (
+            f"None of the {len(summaries)} dispatch(es) could be tuned on {target.name} (each "
+            "says why above): `tuning_spec.mlir` is a valid spec that keeps every default "
+            "configuration."
+        )
+    elif options.compile_only:
         built = sum(s.built for s in summaries)
         spec_note = (f"Compile-only run: {built} candidate(s) were built and checked, none was "
-                     "benchmarked.")
+                     "benchmarked" + (f"; {untunable} of {len(summaries)} dispatch(es) could not "
+                                      "be tuned." if untunable else "."))
     elif entries:
         spec_note = (
             f"`tuning_spec.mlir` configures {len(entries)} of {len(summaries)} dispatch(es); "
