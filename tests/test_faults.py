@@ -52,10 +52,17 @@ def _worker(out: Path, storage: str, seed: int) -> subprocess.Popen[str]:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _finish(proc: subprocess.Popen[str]) -> None:
+#: What a worker says when its heartbeats stalled past the lease while it measured (search/
+#: optuna_search.py): the one documented way a candidate is measured twice.
+STALLED = "expired while it was measured"
+
+
+def _finish(proc: subprocess.Popen[str]) -> int:
+    """Wait for a worker; the number of its claims that expired while it measured them."""
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-2000:]
     assert "Traceback" not in err, err[-2000:]
+    return err.count(STALLED)
 
 
 def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]:
@@ -71,11 +78,9 @@ def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]
     if killed:
         procs[victim].send_signal(signal.SIGKILL)
         procs[victim].wait()
-    for i, proc in enumerate(procs):
-        if i != victim:
-            _finish(proc)
+    stalled = sum(_finish(proc) for i, proc in enumerate(procs) if i != victim)
     # The killed worker started again on its own directory: it logs what only the study holds.
-    _finish(_worker(outs[victim], storage, seed * 10 + victim))
+    stalled += _finish(_worker(outs[victim], storage, seed * 10 + victim))
 
     logged = Counter(r.candidate_id for out in outs for r in read_results(out / "results.jsonl")
                      if r.is_candidate and r.bench_status == "ok")
@@ -92,6 +97,8 @@ def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]
         "measured": len(measured),
         "lost": len(measured - set(logged)) + len(running) + max(0, BUDGET - len(measured)),
         "twice": sum(n - 1 for n in logged.values()),
+        # Live workers' stalls past the lease, each said on stderr (the only allowed twice).
+        "stalled": stalled,
     }
 
 
@@ -118,8 +125,10 @@ def _run_suite(tmp_path: Path, storage_of: Iterator[str], runs: int, label: str)
         figures.update(kill_one_of_three(tmp_path / f"run{run}", next(storage_of), seed=run))
     print(f"{label}: runs {runs}, kills {figures['kills']}, claims expired "
           f"{figures['expired']}, measured {figures['measured']}, lost {figures['lost']}, "
-          f"twice {figures['twice']}")
-    assert figures["lost"] == 0 and figures["twice"] == 0, dict(figures)
+          f"twice {figures['twice']}, stalled {figures['stalled']}")
+    # No kill loses or doubles a measurement; a double only where a live worker stalled past
+    # its lease and said so (docs/reliability.md), and stalls stay rare at this lease.
+    assert figures["lost"] == 0 and figures["twice"] <= figures["stalled"] <= 1, dict(figures)
     assert figures["measured"] == runs * BUDGET
 
 
