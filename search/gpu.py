@@ -191,11 +191,10 @@ def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tup
         text = constraints_module(problem, target)
     except DispatchTuneError as error:
         if "crashed" in str(error) and _matrix_vector(problem):
-            raise DispatchTuneError(
-                f"IREE emits no GPU constraints for {problem.describe()} on {target.name} (its "
-                f"constraint generator crashes on a matrix-vector product, with no M or no N loop "
-                f"larger than 1, which IREE configures as a reduction without MMA intrinsics)"
-            ) from error
+            raise _no_constraints(
+                problem, target, "its constraint generator crashes on a matrix-vector product, "
+                "with no M or no N loop larger than 1, which IREE configures as a reduction "
+                "without MMA intrinsics") from error
         unbatched = without_loops(problem, batch) if batch else None
         if unbatched is None or "crashed" not in str(error):
             raise
@@ -494,11 +493,14 @@ def gpu_spaces(
                 continue
             spaces.append(space)
     if not spaces:
-        raise DispatchTuneError(
-            f"IREE emits no GPU constraints for {problem.describe()} on {target.name} "
-            f"({_why_no_constraints(problem, target, source, batch)})"
-        )
+        raise _no_constraints(problem, target, _why_no_constraints(problem, target, source, batch))
     return spaces
+
+
+def _no_constraints(problem: Problem, target: Target, why: str) -> DispatchTuneError:
+    """The error of an op IREE emits no constraints for on `target`, and `why`."""
+    return DispatchTuneError(
+        f"IREE emits no GPU constraints for {problem.describe()} on {target.name} ({why})")
 
 
 def _with_k2_floor(space: GpuSpace) -> GpuSpace:
