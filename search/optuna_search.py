@@ -478,17 +478,24 @@ class OnlineStudy:
         with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
             self._set_state(trial._trial_id, status)
 
-    def _claim(self, number: int, row: int, wait_s: float = 10.0) -> str:
+    def _claim(self, number: int, row: int) -> str:
         """`won`, `lost` (an earlier trial holds `row`) or `over` (the budget is taken by earlier trials).
 
-        Decided on trial numbers alone, so every worker reaches the same verdict; waits briefly
-        while an earlier trial has not stored its row yet.
+        Decided on trial numbers alone, so every worker reaches the same verdict; waits while an
+        earlier trial has not stored its row yet. Its worker stores the row after the search's
+        `ask` (a model refit: seconds, more on a loaded machine), so a shorter wait could let
+        both trials win the same row; a worker that died before storing it loses the trial to
+        its lease (`_expire`), which bounds the wait.
         """
-        give_up = time.monotonic() + wait_s
+        give_up = time.monotonic() + 2 * self.lease_s + 10.0
+        next_expiry = time.monotonic() + self.lease_s / 5
         while True:
             earlier = [t for t in self.study.get_trials(deepcopy=False) if t.number < number]
             undecided = any(_row(t) is None and t.state == TrialState.RUNNING for t in earlier)
             if undecided and time.monotonic() < give_up:
+                if time.monotonic() >= next_expiry:
+                    self._expire()
+                    next_expiry = time.monotonic() + self.lease_s / 5
                 time.sleep(0.05)
                 continue
             held = settled(earlier, self.rules)

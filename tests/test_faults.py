@@ -97,7 +97,7 @@ def kill_one_of_three(tmp_path: Path, storage: str, seed: int) -> dict[str, int]
         "measured": len(measured),
         "lost": len(measured - set(logged)) + len(running) + max(0, BUDGET - len(measured)),
         "twice": sum(n - 1 for n in logged.values()),
-        # Live workers' stalls past the lease, each said on stderr (the only allowed twice).
+        # Live workers' stalls past the lease, each said on stderr (for the failure message).
         "stalled": stalled,
     }
 
@@ -126,9 +126,9 @@ def _run_suite(tmp_path: Path, storage_of: Iterator[str], runs: int, label: str)
     print(f"{label}: runs {runs}, kills {figures['kills']}, claims expired "
           f"{figures['expired']}, measured {figures['measured']}, lost {figures['lost']}, "
           f"twice {figures['twice']}, stalled {figures['stalled']}")
-    # No kill loses or doubles a measurement; a double only where a live worker stalled past
-    # its lease and said so (docs/reliability.md), and stalls stay rare at this lease.
-    assert figures["lost"] == 0 and figures["twice"] <= figures["stalled"] <= 1, dict(figures)
+    # No kill loses or doubles a measurement. `stalled` (a live worker said its claim expired
+    # while it measured, docs/reliability.md) is in the message to tell a stall from a race.
+    assert figures["lost"] == 0 and figures["twice"] == 0, dict(figures)
     assert figures["measured"] == runs * BUDGET
 
 
