@@ -384,7 +384,11 @@ def describe(summary: DispatchSummary) -> list[str]:
     how = (
         f"confirmed in {summary.confirm_rounds} round(s) interleaved with the default"
         if summary.confirm_rounds
-        else "single screening measurement"
+        # The progress lines compare with the default measured just before a candidate; here
+        # the faster of the measurements before and after it counts (`_bracket_baselines`), so
+        # a drifting machine can show a higher "best" there than here.
+        else "single screening measurement, against the faster of the default's measurements "
+        "just before and after it"
     )
     lines.append(
         f"  speedup {summary.speedup:.3f}x ({how}; repetitions {summary.speedup_low:.3f}-"
