@@ -358,7 +358,10 @@ def test_a_confirmation_interrupted_before_its_first_measurement_is_redone(tmp_p
     argv = [sys.executable, "-m", "dispatchtune", "tune", str(FIXTURE), "--target", "host",
             "--budget", "2", "-o", str(out), "--repetitions", "2", "--confirm-top", "2",
             "--confirm-rounds", str(rounds), "--min-speedup", "0.5", "--no-verify"]
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Ctrl-C at its default in the child: a test run started by a script in the background (a
+    # non-interactive shell's `&`) passes SIGINT on ignored, and Python keeps ignoring it.
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:
