@@ -276,10 +276,10 @@ class Problem:
     # ---- unit-batch convolutions ---------------------------------------------------------------
     @property
     def unit_batch_conv(self) -> bool:
-        """A 1-D or 2-D convolution whose batch is 1: either batch-less (as IREE's spec matcher
-        sees it, the unit loop folded away) or with one unit batch loop d0 (as codegen re-expands
-        it)."""
-        if self.kind != "convolution" or len(self.loops("output_image")) not in (1, 2):
+        """A 1-D, 2-D or 3-D convolution whose batch is 1: either batch-less (as IREE's spec
+        matcher sees it, the unit loop folded away) or with one unit batch loop d0 (as codegen
+        re-expands it)."""
+        if self.kind != "convolution" or len(self.loops("output_image")) not in (1, 2, 3):
             return False
         if not (self.loops("depth") or (self.loops("input_channel") and self.loops("output_channel"))):
             return False  # pooling: IREE keeps its channels as batch

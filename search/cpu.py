@@ -11,7 +11,9 @@ Knobs (the lists of `#iree_cpu.lowering_config`, one entry per loop of the op):
   with several loops of a class (1x1 convolutions: 2-3 M loops) every loop has its own tiles.
 - ConvTileAndDecomposeExpert (2-D NHWC/HWCF convolutions, loops n, oh, ow, oc, kh, kw, ic):
   distribution [n, oh, ow, oc, 0, 0, 0], vector_common_parallel [1, 1, ow, oc, 0, 0, 0],
-  vector_reduction [0, 0, 0, 0, 1, 1, ic].
+  vector_reduction [0, 0, 0, 0, 1, 1, ic]; also NCHW/FCHW and depthwise NHWC/HWC. IREE lowers
+  every other convolution layout with DoubleTilingExpert and the same kind of lists
+  (`DECOMPOSED_LAYOUTS`), so the space does too.
 
 Constraints, with the reason for each (W = native vector bytes, R = vector registers, A = bytes
 of an accumulator element, from `Target.cpu_facts()` and the problem):
@@ -42,7 +44,9 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles). The same for a regular
   or depthwise convolution's output width and channel loops (an audio front end's 799 outputs).
 - 1-D convolutions (NWC/WCF, depthwise NWC/WC) under DoubleTilingExpert, IREE 3.13's own choice:
-  the 2-D conv's knobs and constraints less the output height (C4 measured for them too).
+  the 2-D conv's knobs and constraints less the output height (C4 measured for them too). 3-D
+  convolutions (video and volume models) likewise, plus a distribution tile of the output depth;
+  several batch loops (a Conv3d whose unit filter loops IREE folds away) get one tile each.
 - Conv: the output-height vector tile and the filter-window reduction tiles are 1, because
   ConvTileAndDecomposeExpert only decomposes the 2-D conv into 1-D convs under those tiles (IREE's
   own configs always use them).
@@ -65,6 +69,7 @@ loops and the spec configures the re-expanded op (`ir.spec`); grouped ones too. 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -147,9 +152,8 @@ def cpu_model(
         pipeline = "DoubleTilingExpert"
         loop_of, variables = _grouped_convolution(z3, configured, add, acc, width, registers, cores)
     elif problem.kind == "convolution":
-        # IREE 3.13's own choices: the conv pipeline for 2-D, DoubleTilingExpert for 1-D.
-        one_d = len(problem.loops("output_image")) == 1
-        pipeline = "DoubleTilingExpert" if one_d else "ConvTileAndDecomposeExpert"
+        pipeline = ("ConvTileAndDecomposeExpert" if operand_layout(configured) in DECOMPOSED_LAYOUTS
+                    else "DoubleTilingExpert")
         loop_of, variables = _convolution(
             z3, configured, add, acc, width, registers, cores, max_vector, partial_tiles
         )
@@ -168,6 +172,35 @@ def cpu_model(
 
 
 Loop = tuple[int | str, int | str, int | str]
+
+_B, _I, _C, _F, _K, _D = ("batch", "output_image", "input_channel", "output_channel",
+                          "filter_loop", "depth")
+#: The convolution layouts (input, filter, output; an image dimension reads an output image loop
+#: and a filter loop) IREE 3.13 llvm-cpu lowers with its conv pipeline, ConvTileAndDecomposeExpert:
+#: 2-D NHWC/HWCF, NCHW/FCHW and depthwise NHWC/HWC with one batch loop. It lowers every other
+#: convolution with DoubleTilingExpert (1-D and 3-D ones, NHWC/FHWC, depthwise NCHW/CHW as PyTorch
+#: exports it, a batch loop that is not the outermost, several batch loops): measured by
+#: tests/test_cpu_conv3d.py::test_the_pipeline_is_iree_own_for_each_conv_layout.
+DECOMPOSED_LAYOUTS = frozenset({
+    ((_B, _I, _I, _C), (_K, _K, _C, _F), (_B, _I, _I, _F)),
+    ((_B, _C, _I, _I), (_F, _C, _K, _K), (_B, _F, _I, _I)),
+    ((_B, _I, _I, _D), (_K, _K, _D), (_B, _I, _I, _D)),
+})
+
+
+def operand_layout(problem: Problem) -> tuple[tuple[str, ...], ...]:
+    """Per operand, the loop class each of its dimensions reads (`Problem.dims` names; an image
+    dimension, which reads an output image loop and a filter loop, is `output_image`)."""
+    class_of = {loop: name for name, loops in problem.dims.items() for loop in loops}
+    layout = []
+    for text in problem.indexing_maps:
+        results = text.split("->")[1].strip(" ()").split(",")
+        dims = []
+        for expression in results:
+            classes = {class_of.get(int(d), "") for d in re.findall(r"\bd(\d+)\b", expression)}
+            dims.append(_I if _I in classes else classes.pop() if len(classes) == 1 else "")
+        layout.append(tuple(dims))
+    return tuple(layout)
 
 
 def configured_problem(problem: Problem) -> Problem:
@@ -260,13 +293,16 @@ def _convolution(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
     max_vector: int, partial_tiles: bool = False,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
-    """1-D and 2-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW, NWC/WCF) and depthwise ones.
+    """1-D, 2-D and 3-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW, NWC/WCF, NCDHW/FCDHW,
+    NDHWC/DHWCF) and depthwise ones.
 
     The channel loop is the output channel, or the depth (group) loop of a depthwise conv; C5
     applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW). A
     1-D convolution has the same knobs less the output height (IREE 3.13 lowers it with
     DoubleTilingExpert; C4 measured as for 2-D: 8192 f32 elements of vec_ow x vec_oc x red_ic
-    fail on AVX-512, 6144 compile).
+    fail on AVX-512, 6144 compile); a 3-D one (a video or volume model's) the same plus a
+    distribution tile of the output depth (DoubleTilingExpert too), its outer image loops'
+    vector tiles and outer filter loops' reduction tiles 1, as IREE's own 3-D configs have them.
     """
     shape = {c: len(problem.loops(c)) for c in problem.dims}
     depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
@@ -277,12 +313,12 @@ def _convolution(
     ) == 1
     images = shape.get("output_image", 0)
     loops = ", ".join(f"{n} {c}" for c, n in shape.items() if n)
-    if shape.get("batch") != 1 or images not in (1, 2) or shape.get("filter_loop") != images:
+    if not shape.get("batch") or images not in (1, 2, 3) or shape.get("filter_loop") != images:
         # A batch-less conv has its unit batch back here unless it has no channel loops to
         # re-expand around (one input channel, folded away, as in a waveform's first conv).
         raise UnsupportedProblem(
-            "CPU search supports 1-D and 2-D convolutions with one batch loop and input channels "
-            f"(or depthwise); this one has {loops} loop(s)"
+            "CPU search supports 1-D, 2-D and 3-D convolutions with batch loops and input "
+            f"channels (or depthwise); this one has {loops} loop(s)"
         )
     if problem.is_pooling:  # refused before this by `enumerate_candidates`, for every target
         raise UnsupportedProblem(
@@ -295,19 +331,27 @@ def _convolution(
         )
     channel_class = "depth" if depthwise else "output_channel"
     nb = problem.size("batch")
-    oh, ow = (1, *problem.sizes("output_image"))[-2:]
+    od, oh, ow = (1, 1, *problem.sizes("output_image"))[-3:]
     oc = problem.size(channel_class)
     kw = problem.sizes("filter_loop")[-1]
     ic = problem.size("input_channel")
-    dnb, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
-        "dist_n dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
+    # Several batch loops (a (1, 3, 3) 3-D conv whose unit filter depth IREE folds away keeps the
+    # output depth as a second batch loop) get a distribution tile each.
+    batch_knobs = _knob_names(problem, "batch", "dist_n")
+    dod, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
+        "dist_od dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
     )
+    dnb = _product(z3, batch_knobs)
     tiled: tuple[tuple[int, Any, str], ...] = (
-        (nb, dnb, "N"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")
+        *((size, z3.Int(name), "N" + name[len("dist_n"):])
+          for size, name in zip(problem.sizes("batch"), batch_knobs, strict=True)),
+        (od, dod, "OD"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC"),
     )
-    if images == 1:
-        tiled = tuple(t for t in tiled if t[2] != "OH")
-        doh = 1  # no output-height loop: the products below count it as one
+    # Image loops the conv lacks (output depth below 3-D, height below 2-D) count as one below.
+    absent = {"OD"} if images == 2 else {"OD", "OH"} if images == 1 else set()
+    tiled = tuple(t for t in tiled if t[2] not in absent)
+    dod = 1 if "OD" in absent else dod
+    doh = 1 if "OH" in absent else doh
     for size, var, name in tiled:
         if partial_tiles and name in ("OW", "OC") and (size * acc) % width:
             # As for contractions: bounds outside the disjunction (the engine reads them there).
@@ -333,21 +377,26 @@ def _convolution(
     else:
         add(_native_width(z3, vow, ow, acc, width), "C5 vec_ow fills native vectors")
     add(vow * voc * acc <= registers * width, "C6 accumulator tile fits the registers")
-    add(dnb * doh * dow * doc * cores <= nb * oh * ow * oc, "C7 at least one workgroup per core")
-    variables: tuple[str, ...] = ("dist_n", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic")
-    variables = tuple(v for v in variables if images == 2 or v != "dist_oh")
+    add(dnb * dod * doh * dow * doc * cores <= nb * od * oh * ow * oc,
+        "C7 at least one workgroup per core")
+    outer_images = ("dist_od", "dist_oh")[3 - images:]  # the image loops outside the width
+    variables: tuple[str, ...] = (
+        *batch_knobs, *outer_images, "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic"
+    )
     variables += ("red_kw",) if depthwise else ()
     low = problem.loops("output_image")[-1]
     (loc,) = problem.loops(channel_class)
     lkw = problem.loops("filter_loop")[-1]
-    loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
+    loop_of: dict[int, Loop] = {
+        i: (name, 1, 0) for i, name in zip(problem.loops("batch"), batch_knobs, strict=True)
+    }
     loop_of |= {
         low: ("dist_ow", "vec_ow", 0), loc: ("dist_oc", "vec_oc", 0),
         lkw: (0, 0, "red_kw" if depthwise else 1),
     }
-    if images == 2:
-        loop_of |= {problem.loops("output_image")[0]: ("dist_oh", 1, 0),
-                    problem.loops("filter_loop")[0]: (0, 0, 1)}
+    loop_of |= {i: (name, 1, 0)
+                for i, name in zip(problem.loops("output_image")[:-1], outer_images, strict=True)}
+    loop_of |= {i: (0, 0, 1) for i in problem.loops("filter_loop")[:-1]}
     loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}
     return loop_of, variables
 
@@ -507,7 +556,12 @@ def cpu_columns(problem: Problem, model: CpuModel, cols: dict[str, np.ndarray]) 
         grouped = "dist_g" in model.variables
         tile_b = value("dist_g") if grouped else np.ones(rows, dtype=np.int64)
         tile_oh = value("dist_oh") if "dist_oh" in model.variables else np.ones(rows, np.int64)
-        tile_m = value("dist_n") * tile_oh * value("dist_ow")
+        tile_od = value("dist_od") if "dist_od" in model.variables else np.ones(rows, np.int64)
+        tile_batch = np.ones(rows, dtype=np.int64)
+        for name in model.variables:
+            if name.startswith("dist_n"):  # the convolution's batch loops (`_knob_names`)
+                tile_batch = tile_batch * value(name)
+        tile_m = tile_batch * tile_od * tile_oh * value("dist_ow")
         tile_n = value("dist_oc")
         columns.update(
             tile_b=tile_b, tile_m=tile_m, tile_n=tile_n, tile_k=value("red_ic"),
