@@ -8,6 +8,9 @@ exactly its documented constraints."""
 from __future__ import annotations
 
 import itertools
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +115,17 @@ def test_conv3d_tunes_through_the_cli(tmp_path: Path) -> None:
     """`dispatchtune tune FILE --target host --budget 2 -o DIR`, as a user runs it on a 3-D
     convolution: both candidates build, are applied and verify, and a spec is written."""
     tune_through_the_cli(NCDHW, 2, tmp_path / "out")
+
+
+def test_an_exported_video_model_ranks_its_conv3d() -> None:
+    """`dispatchtune rank MODEL --target host --limit 1` on an iree-turbine export (torch dialect)
+    whose Conv3d was refused before: its 3-D convolution is ranked, nothing is left unranked."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "dispatchtune", "rank", str(FIXTURES / "torch_video_conv3d_f32.mlir"),
+         "--target", "host", "--limit", "1"],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "not ranked" not in proc.stderr
+    assert re.search(r"output_image=8x16x16 .* filter_loop=3x3x3 .*: \d+ candidates", proc.stdout)
+    assert "DoubleTilingExpert" in proc.stdout
