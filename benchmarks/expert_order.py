@@ -46,14 +46,15 @@ from dispatchtune.datasets.expert_specs import (
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
 from dispatchtune.search.gpu import GpuSpace, gpu_spaces, violated_constraints
+from dispatchtune.search.gpu import iree_default_columns as gpu_default_columns
 from dispatchtune.targets import Target, get_target
 
 TARGET = "gfx942"
 #: Bump when enumeration changes candidate-table columns or rows: `candidate_table`'s cache is
 #: keyed by it (3: attention K2 tiles below the Q x K^T intrinsic's N dropped; loops a dispatch
 #: keeps that IREE collapses alone tiled out; 4: implicit-GEMM rows of grouped convolutions,
-#: contractions with loops below the intrinsic enumerated).
-TABLE_VERSION = 4
+#: contractions with loops below the intrinsic enumerated; 5: `default_match`).
+TABLE_VERSION = 5
 #: Attributes checked in this order when an expert configuration is not in the space.
 MATCH_COLUMNS = (
     "pipeline", "intrinsic", "tile_b", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n",
@@ -187,6 +188,10 @@ def iree_default_columns(problem: Problem, cache: Path, target: str = TARGET) ->
     from dispatchtune.ir.spec import applied_configs
 
     path = cache / f"{cache_stem(problem, target)}.default.json"
+    read = gpu_default_columns(problem, get_target(target)) if not path.exists() else None
+    if read is not None:  # read from the module IREE's constraints come with: no compile
+        cache.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(read))
     if not path.exists():
         with tempfile.TemporaryDirectory() as tmp:
             source = Path(tmp) / "op.mlir"

@@ -39,8 +39,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, get_args
 
 import numpy as np
 import pandas as pd
@@ -62,11 +63,13 @@ from dispatchtune.costmodel.pairwise import (
     POSITIVE,
     WEAK_POSITIVE,
     PairwiseModel,
+    checked_default_closeness,
     checked_diversity,
 )
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_dir
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.features import extract_features
+from dispatchtune.problem import OpKind
 
 LOG_FEATURES = (
     "threads", "acc_registers", "tile_k", "k_trips", "workgroups_per_cu", "wg_intensity",
@@ -182,11 +185,13 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
               hard_negatives: int = 0, listwise: float = 0.0,
               pipeline_terms: bool = False, pipeline_rankers: bool = False,
               tree_weight: float = 0.0, collapse_repeats: bool = False,
-              diversity: dict[str, float] | None = None) -> PairwiseModel:
+              diversity: dict[str, float] | None = None,
+              default_closeness: dict[str, float] | None = None) -> PairwiseModel:
     """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline;
     `tree_weight`: each ranker blended with LambdaRank trees; `collapse_repeats`: on one copy of
     each repeated expert (`one_per_repeat`); `diversity`: each ranker's order spread over
-    candidate families (`pairwise.diversified`)."""
+    candidate families (`pairwise.diversified`); `default_closeness`: rows that share knobs with
+    IREE's default moved up, per op kind (`pairwise.towards_default`)."""
     if collapse_repeats:
         data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
@@ -195,12 +200,14 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
                           listwise=listwise, pipeline_terms=pipeline_terms,
                           pipeline_rankers=PIPELINES if pipeline_rankers else (),
                           tree_weight=tree_weight if pipeline_rankers else 0.0,
-                          diversity=diversity if pipeline_rankers else None)
+                          diversity=diversity if pipeline_rankers else None,
+                          default_closeness=default_closeness if pipeline_rankers else None)
     return model.fit(features, labels, groups, table)
 
 
-def diversity_weights(text: str) -> dict[str, float]:
-    """`--diversity` as weights: `threads=0.05,workgroup_split=0.1`."""
+def _weights(text: str, checked: Callable[[Any], dict[str, float]], names: Sequence[str]
+             ) -> dict[str, float]:
+    """`NAME=W,...` as weights, checked by `checked` (names of `names`, weights >= 0)."""
     weights = {}
     for item in filter(None, text.split(",")):
         name, _, value = item.partition("=")
@@ -209,11 +216,20 @@ def diversity_weights(text: str) -> dict[str, float]:
         except ValueError:
             raise argparse.ArgumentTypeError(f"{item!r} is not NAME=WEIGHT") from None
     try:
-        return checked_diversity(weights)
+        return checked(weights)
     except InputError:
         raise argparse.ArgumentTypeError(
-            f"takes NAME=WEIGHT (weight >= 0) for names of {', '.join(DIVERSITY_FAMILIES)}"
-        ) from None
+            f"takes NAME=WEIGHT (weight >= 0) for names of {', '.join(names)}") from None
+
+
+def diversity_weights(text: str) -> dict[str, float]:
+    """`--diversity` as weights: `threads=0.05,workgroup_split=0.1`."""
+    return _weights(text, checked_diversity, list(DIVERSITY_FAMILIES))
+
+
+def default_closeness_weights(text: str) -> dict[str, float]:
+    """`--default-closeness` as weights: `convolution=0.1`."""
+    return _weights(text, checked_default_closeness, get_args(OpKind))
 
 
 def summary_row(label: str, fractions: dict[str, np.ndarray]) -> dict[str, object]:
@@ -253,6 +269,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--diversity", type=diversity_weights, default={}, metavar="NAME=W,...",
                         help="prior_interleaved: spread each ranker's order over candidate "
                         f"families ({', '.join(DIVERSITY_FAMILIES)}), W per family")
+    parser.add_argument("--default-closeness", type=default_closeness_weights, default={},
+                        metavar="KIND=W,...",
+                        help="prior_interleaved: move rows that share knobs with IREE's default "
+                        "configuration up, W per op kind (docs/gpu_order.md part 28)")
     parser.add_argument("--collapse-repeats", action="store_true",
                         help="prior: train on one copy of an expert other files repeat (same "
                         "dispatch, same configuration)")
@@ -312,6 +332,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
         hard, lw = args.hard_negatives, args.listwise
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
                                   tree_weight=args.tree_weight, diversity=args.diversity,
+                                  default_closeness=args.default_closeness,
                                   collapse_repeats=args.collapse_repeats, **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
@@ -350,7 +371,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
                           args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
-                          args.collapse_repeats, args.diversity)
+                          args.collapse_repeats, args.diversity, args.default_closeness)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -368,6 +389,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "listwise_l2": args.listwise,
                               "tree_weight": args.tree_weight,
                               "diversity": args.diversity,
+                              "default_closeness": args.default_closeness,
                               "collapse_repeats": args.collapse_repeats,
                               "iree_default_weak_positives": defaults if weak else 0,
                               "heuristic_filters": args.heuristic_filters},

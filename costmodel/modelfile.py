@@ -26,7 +26,9 @@ also stores `"weights_<pipeline>"` for each (on the plain basis, without kind or
 and one with `params.tree_weight` each ranker's LambdaRank trees as `"model": {"trees_<pipeline>":
 {"basis": [...], <trees as above>}}` (`basis` names the columns the trees read, `tree_basis`).
 `params.diversity` (`{"threads": 0.05, ...}`, names of `pairwise.DIVERSITY_FAMILIES`) is a
-prediction setting: how much each ranker's order spreads over candidate families.
+prediction setting: how much each ranker's order spreads over candidate families; so is
+`params.default_closeness` (`{"convolution": 0.1}`, op kinds): how much a row that shares knobs
+with IREE's own configuration of the op moves up (`pairwise.towards_default`).
 
 Reading is bounded before any parsing: a file larger than `MAX_MODEL_BYTES` (64 MiB) is refused
 from `os.stat`, JSON may not nest deeper than `MAX_JSON_DEPTH`, hold more than `MAX_JSON_ITEMS`
@@ -45,7 +47,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 
@@ -55,6 +57,7 @@ from dispatchtune.costmodel.pairwise import (
     PIPELINES,
     PairwiseModel,
     basis_names,
+    checked_default_closeness,
     checked_diversity,
     tree_basis_names,
 )
@@ -65,6 +68,7 @@ from dispatchtune.features.extract import (
     FEATURE_SCHEMA_VERSION,
     check_feature_schema,
 )
+from dispatchtune.problem import OpKind
 from dispatchtune.version import __version__
 
 FORMAT_PREFIX = "dispatchtune.costmodel/"
@@ -354,17 +358,21 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     _feature_names(fields)  # the basis is computed from this feature schema
     params = fields.get("params", dict, "an object")
     numbers, flags = ("c", "pairs", "weak_weight", "tree_weight"), ("kind_terms", "pipeline_terms")
-    lists, maps = ("pipeline_rankers",), ("diversity",)
+    lists, maps = ("pipeline_rankers",), {"diversity": (checked_diversity, DIVERSITY_FAMILIES),
+                                          "default_closeness": (checked_default_closeness,
+                                                                get_args(OpKind))}
     for key, value in params.items():
-        if key not in numbers + flags + lists + maps:
+        known = (*numbers, *flags, *lists, *maps)
+        if key not in known:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
-                               f"(known: {', '.join(numbers + flags + lists + maps)})")
+                               f"(known: {', '.join(known)})")
         if key in maps:
+            checked, names = maps[key]
             try:
-                checked_diversity(value)
+                checked(value)
             except InputError:
                 raise fields.error(f"params.{key}", f"is {_short(value)}, expected an object of "
-                                   f"weights >= 0 named {', '.join(DIVERSITY_FAMILIES)}") from None
+                                   f"weights >= 0 named {', '.join(names)}") from None
         if key in lists and not (isinstance(value, list) and len(value) <= len(PIPELINES)
                                  and all(name in PIPELINES for name in value)):
             raise fields.error(f"params.{key}", f"is {_short(value)}, expected a list of "

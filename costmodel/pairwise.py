@@ -33,7 +33,7 @@ files.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, get_args
 
 import numpy as np
 import pandas as pd
@@ -41,6 +41,7 @@ import pandas as pd
 from dispatchtune.costmodel.base import CostModel
 from dispatchtune.costmodel.trees import TreeArrays
 from dispatchtune.errors import InputError
+from dispatchtune.problem import OpKind
 
 #: Features whose log2 (and its square) form the basis: the GPU quantities experts trade off
 #: (threads, accumulators, K tile and trips, workgroups per CU, intensity, occupancy, LDS share,
@@ -230,15 +231,41 @@ def interleave(scores: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
     return out
 
 
-def checked_diversity(weights: Any) -> dict[str, float]:
-    """`weights` as a `diversity` setting: names of `DIVERSITY_FAMILIES` to finite numbers >= 0
-    (from code, a model file or a command line), else one `InputError`."""
+def _checked_weights(weights: Any, names: Sequence[str], setting: str) -> dict[str, float]:
+    """`weights` as a setting mapping some of `names` to finite numbers >= 0 (from code, a model
+    file or a command line), else one `InputError`."""
     if not isinstance(weights, dict) or any(
-            name not in DIVERSITY_FAMILIES or isinstance(weight, bool)
+            name not in names or isinstance(weight, bool)
             or not isinstance(weight, int | float) or not 0 <= weight < float("inf")
             for name, weight in weights.items()):
-        raise InputError(f"diversity maps names of {', '.join(DIVERSITY_FAMILIES)} to weights >= 0")
+        raise InputError(f"{setting} maps names of {', '.join(names)} to weights >= 0")
     return {name: float(weight) for name, weight in weights.items()}
+
+
+def checked_diversity(weights: Any) -> dict[str, float]:
+    """`weights` as a `diversity` setting: names of `DIVERSITY_FAMILIES` to weights >= 0."""
+    return _checked_weights(weights, list(DIVERSITY_FAMILIES), "diversity")
+
+
+def checked_default_closeness(weights: Any) -> dict[str, float]:
+    """`weights` as a `default_closeness` setting: op kinds to weights >= 0."""
+    return _checked_weights(weights, get_args(OpKind), "default_closeness")
+
+
+def towards_default(scores: np.ndarray, features: pd.DataFrame, table: pd.DataFrame,
+                    weights: dict[str, float]) -> np.ndarray:
+    """`scores` of one pipeline's rows of a candidate set, standardised, plus the weight of the
+    set's op kind x the row's `default_match` (how many knobs it shares with IREE's own
+    configuration of the op, `search.gpu.DEFAULT_KNOBS`). Unchanged where the kind has no weight
+    or IREE's default is unknown (`default_match` -1). Experts keep IREE's default value of a knob
+    more often than the space does; weighed in, it moved held-out and outside convolution experts
+    earlier and nothing else (docs/gpu_order.md, parts 27-28)."""
+    match = table["default_match"].to_numpy() if "default_match" in table else None
+    weight = next((w for kind, w in weights.items()
+                   if w and bool(features[f"kind_{kind}"].to_numpy().any())), 0.0)
+    if match is None or not weight or not (match >= 0).any():
+        return scores
+    return np.round(_standardised(scores) + weight * np.maximum(match, 0), 9)
 
 
 def diversified(scores: np.ndarray, table: pd.DataFrame, weights: dict[str, float]) -> np.ndarray:
@@ -273,7 +300,8 @@ class PairwiseModel(CostModel):
                  seed: int = 0, kind_terms: bool = False, hard_negatives: int = 0,
                  listwise: float = 0.0, pipeline_terms: bool = False,
                  pipeline_rankers: Sequence[str] = (), tree_weight: float = 0.0,
-                 diversity: dict[str, float] | None = None) -> None:
+                 diversity: dict[str, float] | None = None,
+                 default_closeness: dict[str, float] | None = None) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
                 and listwise >= 0 and 0 <= tree_weight <= 1):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
@@ -286,6 +314,9 @@ class PairwiseModel(CostModel):
         diversity = checked_diversity(diversity or {})
         if diversity and not pipeline_rankers:
             raise InputError("diversity needs pipeline_rankers (it reorders each one's rows)")
+        default_closeness = checked_default_closeness(default_closeness or {})
+        if default_closeness and not pipeline_rankers:
+            raise InputError("default_closeness needs pipeline_rankers (it moves each one's rows)")
         # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
         self.listwise = float(listwise)
@@ -302,6 +333,8 @@ class PairwiseModel(CostModel):
             self.params["tree_weight"] = float(tree_weight)
         if diversity:
             self.params["diversity"] = diversity
+        if default_closeness:
+            self.params["default_closeness"] = default_closeness
         self.seed = seed
         self.weights: np.ndarray | None = None
         #: Pipeline -> weights on the plain `basis` of that pipeline's rows (`pipeline_rankers`).
@@ -330,6 +363,10 @@ class PairwiseModel(CostModel):
     @property
     def diversity(self) -> dict[str, float]:
         return dict(self.params.get("diversity", {}))
+
+    @property
+    def default_closeness(self) -> dict[str, float]:
+        return dict(self.params.get("default_closeness", {}))
 
     @property
     def fitted(self) -> bool:
@@ -511,11 +548,13 @@ class PairwiseModel(CostModel):
         # The shared score (standardised over the whole set) only for rows no ranker orders.
         scores = (np.zeros(len(features)) if np.isin(pipeline, list(self.rankers)).all()
                   else self._shared_scores(features, table))
-        diversity = self.diversity
+        diversity, closeness = self.diversity, self.default_closeness
         for name in self.rankers:
             rows = np.flatnonzero(pipeline == name)
             if len(rows):
                 own = self._ranker_scores(name, features.iloc[rows], table.iloc[rows])
+                if closeness:
+                    own = towards_default(own, features.iloc[rows], table.iloc[rows], closeness)
                 if diversity:
                     own = np.round(diversified(own, table.iloc[rows], diversity), 9)
                 scores[rows] = own

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatchtune.candidate import DECOMPOSITION_KEY, with_decomposition
+from dispatchtune.candidate import DECOMPOSITION_KEY, configured_compilation_infos
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import DIM_CLASSES, Problem
 from dispatchtune.targets import Target
@@ -460,8 +460,6 @@ def applied_configs(
     `translation_info`, so it compares directly with the requested one (`config_applied`).
     `flags` replace the target's compile flags (a model that builds only with extra ones).
     """
-    from iree.compiler import ir
-    from iree.compiler.dialects import iree_codegen
 
     args = [
         str(mlir_path),
@@ -476,50 +474,7 @@ def applied_configs(
     proc = run_tool("iree-compile", args)
     if proc.returncode != 0:
         raise DispatchTuneError(f"iree-compile failed: {first_error_line(proc.stderr)}")
-    configs = []
-    with ir.Context():
-        module = ir.Module.parse(proc.stdout)
-        for op in _configured_root_ops(module):
-            lowering = op.attributes["lowering_config"]
-            func = op.parent
-            while func is not None and "translation_info" not in func.attributes:
-                func = func.parent
-            if func is None:
-                configs.append("")
-                continue
-            info = iree_codegen.CompilationInfoAttr.get(
-                lowering, func.attributes["translation_info"]
-            )
-            if DECOMPOSITION_KEY in op.attributes:  # GPU attention: the candidate form
-                info = with_decomposition(info, op.attributes[DECOMPOSITION_KEY])
-            configs.append(str(info))
-    return configs
-
-
-def _configured_root_ops(module: Any) -> list[Any]:
-    """Tunable ops that carry a `lowering_config`, in IR order.
-
-    IREE marks root ops with `root_op` only when its own heuristics configured them; an op configured
-    by a tuning spec loses the marker, so tunable kinds are recognised with the linalg bindings.
-    """
-    from iree.compiler import ir
-    from iree.compiler.dialects import linalg
-
-    found: list[Any] = []
-
-    def visit(op: Any) -> Any:
-        operation = op.operation
-        if "lowering_config" in operation.attributes and (
-            "root_op" in operation.attributes
-            or (operation.name.startswith("iree_linalg_ext.") and "attention" in operation.name)
-            or linalg.isa_contraction_op(operation)
-            or linalg.isa_convolution_op(operation)
-        ):
-            found.append(operation)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return configured_compilation_infos(proc.stdout)
 
 
 def config_applied(requested: str, applied: str) -> bool:

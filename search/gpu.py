@@ -1490,8 +1490,49 @@ def enumerate_gpu(
         for knob in space.knobs:
             if f"knob_{knob}" not in table.columns:
                 table[f"knob_{knob}"] = np.full(len(table), -1, dtype=np.int64)
+    table["default_match"] = default_match(table, iree_default_columns(problem, target))
     result.table = table
     return result
+
+
+#: The knobs `default_match` compares with IREE's own configuration (docs/gpu_order.md, part 24:
+#: expert configurations keep IREE's value of each more often than the space does).
+DEFAULT_KNOBS = ("tile_m", "tile_n", "tile_k", "workgroup_threads", "subgroups_m", "subgroups_n",
+                 "intrinsic", "pipeline")
+
+
+def iree_default_columns(problem: Problem, target: Target) -> dict[str, object] | None:
+    """IREE's own configuration of `problem` on `target` in the candidate-table vocabulary, read
+    from the configured module its constraints come with (no extra compile); None where the
+    constraints are another op's (a batch matmul's batch-less equivalent, raised small loops) or
+    the configuration cannot be read (no MMA intrinsic, an attention IREE configures collapsed)."""
+    from dispatchtune.candidate import configured_compilation_infos
+    from dispatchtune.datasets.expert_specs import configuration_columns
+
+    source, left_out = constraint_source(problem, target)
+    if source.key != problem.key or left_out:
+        return None
+    try:
+        infos = configured_compilation_infos(constraints_module(problem, target))
+        return dict(configuration_columns(infos[0], problem)) if infos and infos[0] else None
+    except (DispatchTuneError, ValueError, IndexError, KeyError) as exc:
+        logger.debug("IREE's default configuration of %s is not read: %s", problem.key, exc)
+        return None
+
+
+def default_match(table: pd.DataFrame, default: Mapping[str, object] | None) -> np.ndarray:
+    """Per row of a GPU candidate table, how many of `DEFAULT_KNOBS` equal IREE's own
+    configuration `default` (0-8), or -1 throughout when it is unknown or has no intrinsic."""
+    if not default or not default.get("intrinsic"):
+        return np.full(len(table), -1, dtype=np.int64)
+    match = np.zeros(len(table), dtype=np.int64)
+    for knob in DEFAULT_KNOBS:
+        if knob in table and knob in default:
+            column = table[knob].to_numpy()
+            value = default[knob]
+            match += (column.astype(str) == str(value)) if column.dtype == object else (
+                column == value)
+    return match
 
 
 def _cross_extra(

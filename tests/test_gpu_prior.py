@@ -22,6 +22,7 @@ from dispatchtune.costmodel.pairwise import (
     basis_names,
     diversified,
     interleave,
+    towards_default,
 )
 from dispatchtune.costmodel.rank import rank
 from dispatchtune.datasets.expert_specs import expert_columns, load_spec_file
@@ -492,6 +493,88 @@ def test_diversity_spreads_each_rankers_order_and_round_trips(tmp_path: Path) ->
     assert isinstance(shipped, PairwiseModel) and shipped.diversity
 
 
+def test_towards_default_adds_the_weighted_match_for_the_sets_kind_only() -> None:
+    """A pipeline's standardised scores plus the weight of the set's op kind x `default_match`;
+    another kind, no weight or an unknown default (-1): unchanged."""
+    scores = np.array([3.0, 2.0, 1.0])
+    conv = pd.DataFrame({"kind_convolution": [1, 1, 1], "kind_contraction": 0})
+    table = pd.DataFrame({"default_match": [0, 4, 8]})
+    out = towards_default(scores, conv, table, {"convolution": 0.5})
+    z = (scores - scores.mean()) / scores.std()
+    assert np.allclose(out, z + 0.5 * np.array([0, 4, 8]))
+    assert np.argsort(-out).tolist() == [2, 1, 0]
+    assert towards_default(scores, conv, table, {"contraction": 0.5}) is scores
+    assert towards_default(scores, conv, table, {"convolution": 0.0}) is scores
+    unknown = pd.DataFrame({"default_match": [-1, -1, -1]})
+    assert towards_default(scores, conv, unknown, {"convolution": 0.5}) is scores
+    assert towards_default(scores, conv, pd.DataFrame(index=range(3)), {"convolution": 1.0}) is scores
+
+
+def test_default_match_counts_the_knobs_iree_own_config_shares() -> None:
+    """`default_match` of a GPU conv's rows: IREE's own configuration, read from the module its
+    constraints come with, is what `iree-compile` applies without a spec, and its rows score 8;
+    a batch matmul, whose constraints are another op's, has -1 throughout."""
+    from dispatchtune import load_problems
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.datasets.expert_specs import configuration_columns
+    from dispatchtune.ir.spec import applied_configs
+    from dispatchtune.search.gpu import DEFAULT_KNOBS, iree_default_columns
+
+    path = Path(__file__).parents[1] / "examples" / "conv_nhwc_f32.mlir"
+    (problem,) = load_problems(path, GFX942)
+    default = iree_default_columns(problem, GFX942)
+    assert default is not None and default["intrinsic"]
+    (applied,) = applied_configs(path, GFX942, None)
+    assert dict(configuration_columns(applied, problem)) == default
+    table = enumerate_candidates(problem, GFX942, heuristic_filters=False).table
+    mask, _ = expert_mask(table, default)  # type: ignore[arg-type]
+    match = table["default_match"].to_numpy()
+    assert mask.any() and (match[mask] == len(DEFAULT_KNOBS)).all()
+    assert match.min() >= 0 and match.max() == len(DEFAULT_KNOBS)
+    batched = enumerate_candidates(Problem.batch_matmul(4, 128, 128, 256, "f16"), GFX942).table
+    assert (batched["default_match"] == -1).all()
+
+
+def test_default_closeness_moves_convolution_rows_and_round_trips(tmp_path: Path) -> None:
+    """`default_closeness` is checked on construction and on load, the model file keeps it, and
+    the shipped gfx942 prior moves a convolution's IREE default earlier with it (not a
+    contraction's: its weight is the convolutions' alone)."""
+    from dispatchtune import load_problems
+
+    for bad in ({"pooling": 1.0}, {"convolution": -1.0}):
+        with pytest.raises(InputError, match="default_closeness maps names"):
+            PairwiseModel(pipeline_rankers=["TileAndFuse"], default_closeness=bad)
+    with pytest.raises(InputError, match="default_closeness needs pipeline_rankers"):
+        PairwiseModel(default_closeness={"convolution": 1.0})
+    installed = default_model_path("gfx942")
+    assert installed is not None
+    shipped = load_cost_model(installed)
+    assert isinstance(shipped, PairwiseModel)
+    assert set(shipped.default_closeness) == {"convolution"}
+    path = save_model(shipped, tmp_path / "m.json")
+    assert isinstance(loaded := load_cost_model(path), PairwiseModel)
+    assert loaded.default_closeness == shipped.default_closeness
+    document = json.loads(path.read_text())
+    document["params"]["default_closeness"] = {"convolution": "near"}
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"params\.default_closeness"):
+        load_cost_model(path)
+    without = load_cost_model(installed)
+    assert isinstance(without, PairwiseModel)
+    without.params.pop("default_closeness")
+    examples = Path(__file__).parents[1] / "examples"
+    for name, moves in (("conv_nhwc_f32.mlir", True), ("matmul_transpose_b_f16.mlir", False)):
+        (problem,) = load_problems(examples / name, GFX942)
+        table = enumerate_candidates(problem, GFX942).table
+        features = extract_features(problem, GFX942, table)
+        default = table["default_match"].to_numpy() == table["default_match"].max()
+        positions = []
+        for model in (without, shipped):
+            order = np.argsort(-model.predict_candidates(features, table), kind="stable")
+            positions.append(int(np.flatnonzero(default[order])[0]))
+        assert (positions[1] < positions[0]) if moves else positions[1] == positions[0], positions
+
+
 def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`expert_order_lofo.py --folds K` holds files out K groups at a time, every file once."""
@@ -506,12 +589,14 @@ def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         main(["specs", "--folds", "1"])
     assert exit_info.value.code == 2
     assert "--folds takes 0" in capsys.readouterr().err
-    for bad in ("tiles=1", "threads=much", "threads=-1"):
+    for option, bad in (("--diversity", "tiles=1"), ("--diversity", "threads=much"),
+                        ("--diversity", "threads=-1"), ("--default-closeness", "pooling=0.1"),
+                        ("--default-closeness", "convolution=-1")):
         with pytest.raises(SystemExit) as exit_info:
-            main(["specs", "--diversity", bad])
+            main(["specs", option, bad])
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
-        assert "--diversity" in err and "Traceback" not in err
+        assert option in err and "Traceback" not in err
 
 
 def test_lofo_refuses_unwritable_outputs_before_fitting(
