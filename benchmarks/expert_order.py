@@ -188,20 +188,19 @@ def iree_default_columns(problem: Problem, cache: Path, target: str = TARGET) ->
     from dispatchtune.ir.spec import applied_configs
 
     path = cache / f"{cache_stem(problem, target)}.default.json"
-    read = gpu_default_columns(problem, get_target(target)) if not path.exists() else None
-    if read is not None:  # read from the module IREE's constraints come with: no compile
-        cache.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(read))
     if not path.exists():
-        with tempfile.TemporaryDirectory() as tmp:
-            source = Path(tmp) / "op.mlir"
-            source.write_text(problem.to_mlir())
-            try:
-                texts = applied_configs(source, get_target(target), None)
-                columns: dict[str, object] = (dict(configuration_columns(texts[0], problem))
-                                              if texts else {"error": "IREE applied no config"})
-            except (DispatchTuneError, ValueError, IndexError) as exc:
-                columns = {"error": str(exc) or type(exc).__name__}
+        # Read from the module IREE's constraints come with where it can (no compile).
+        columns = gpu_default_columns(problem, get_target(target))
+        if columns is None:
+            with tempfile.TemporaryDirectory() as tmp:
+                source = Path(tmp) / "op.mlir"
+                source.write_text(problem.to_mlir())
+                try:
+                    texts = applied_configs(source, get_target(target), None)
+                    columns = (dict(configuration_columns(texts[0], problem))
+                               if texts else {"error": "IREE applied no config"})
+                except (DispatchTuneError, ValueError, IndexError) as exc:
+                    columns = {"error": str(exc) or type(exc).__name__}
         cache.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(columns))
     columns = json.loads(path.read_text())

@@ -361,8 +361,8 @@ def _pairwise_from_document(fields: _Fields) -> PairwiseModel:
     lists, maps = ("pipeline_rankers",), {"diversity": (checked_diversity, DIVERSITY_FAMILIES),
                                           "default_closeness": (checked_default_closeness,
                                                                 get_args(OpKind))}
+    known = (*numbers, *flags, *lists, *maps)
     for key, value in params.items():
-        known = (*numbers, *flags, *lists, *maps)
         if key not in known:
             raise fields.error("params", f"has {_short(key)}, not a pairwise parameter "
                                f"(known: {', '.join(known)})")

@@ -460,7 +460,6 @@ def applied_configs(
     `translation_info`, so it compares directly with the requested one (`config_applied`).
     `flags` replace the target's compile flags (a model that builds only with extra ones).
     """
-
     args = [
         str(mlir_path),
         *(target.compile_flags if flags is None else flags),

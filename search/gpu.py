@@ -1509,10 +1509,10 @@ def iree_default_columns(problem: Problem, target: Target) -> dict[str, object] 
     from dispatchtune.candidate import configured_compilation_infos
     from dispatchtune.datasets.expert_specs import configuration_columns
 
-    source, left_out = constraint_source(problem, target)
-    if source.key != problem.key or left_out:
-        return None
     try:
+        source, left_out = constraint_source(problem, target)
+        if source.key != problem.key or left_out:
+            return None
         infos = configured_compilation_infos(constraints_module(problem, target))
         return dict(configuration_columns(infos[0], problem)) if infos and infos[0] else None
     except (DispatchTuneError, ValueError, IndexError, KeyError) as exc:
