@@ -127,6 +127,16 @@ def test_output_dir_below_a_file(tmp_path: Path) -> None:
     one_error_line(done, "cannot create --output-dir", "Not a directory")
 
 
+def test_a_refused_input_leaves_the_output_dir_as_it_was(tmp_path: Path) -> None:
+    """Nothing tunable in the model: one line, and no work folder or dumps left behind."""
+    elementwise = ROOT / "tests" / "fixtures" / "elementwise_only.mlir"
+    done = run_cli(tmp_path, "tune", str(elementwise), "-o", "out", *QUICK_TUNE)
+    assert done.returncode == 2
+    one_error_line(done, "tunable root op")
+    assert not (tmp_path / "out" / "work").exists()
+    assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
 def test_results_jsonl_that_is_a_directory(tmp_path: Path) -> None:
     (tmp_path / "out" / "results.jsonl").mkdir(parents=True)
     done = run_cli(tmp_path, "tune", str(SMALL_MATMUL), "-o", "out", *QUICK_TUNE)

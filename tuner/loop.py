@@ -29,7 +29,7 @@ import threading
 import uuid
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -275,7 +275,14 @@ def _tune(
     session = uuid.uuid4().hex[:12]
     mode = progress_mode(options.progress)
     not_tuned: dict[str, str] = {}
-    prepared_input = prepare_dispatches(path, target, work)
+    try:
+        prepared_input = prepare_dispatches(path, target, work)
+    except BaseException:
+        # A refused input leaves the output directory as it found it (earlier runs' work stays).
+        shutil.rmtree(work / "dumped", ignore_errors=True)
+        with suppress(OSError):
+            work.rmdir()  # only if this run created it and left it empty
+        raise
     prepared = prepared_input.dispatches
     for dispatch in prepared:
         problem = dispatch.problem
