@@ -234,9 +234,28 @@ def get_target(name: str) -> Target:
         return gpu_target("rocm", wanted)
     if re.fullmatch(r"sm_[0-9]{2,3}a?", wanted):
         return gpu_target("cuda", wanted)
+    if re.fullmatch(r"[a-z]+[0-9]+[a-z0-9]*", wanted):
+        product = _gpu_product(wanted)
+        if product is not None:
+            return product
     known = ", ".join(t.name for t in _TARGETS)
     raise TargetError(f"unknown target {name!r}; known targets: {known}, {CPU_PREFIX}<cpu>, "
-                      "gfx<N> or rocm:<arch or product>, sm_<N> or cuda:<sm_N>")
+                      "gfx<N> or rocm:<arch or product>, sm_<N> or cuda:<sm_N>, or a GPU "
+                      "product name IREE knows (mi325x, rx7900xtx, a100)")
+
+
+def _gpu_product(name: str) -> Target | None:
+    """The GPU target of a bare product name IREE knows (`mi325x`, `rx7900xtx`, `a100`), asked of
+    IREE itself (its target probe, ROCm first), or None. Only reached for names nothing else
+    matched, so a typo costs a probe compile or two before its error."""
+    for backend in ("rocm", "cuda"):
+        target = gpu_target(backend, name)
+        try:
+            target.gpu_facts()
+        except DispatchTuneError:
+            continue
+        return target
+    return None
 
 
 @functools.cache

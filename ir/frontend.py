@@ -238,6 +238,10 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
         if target is not None and "Unknown CPU" in reason:
             raise TargetError(f"IREE {iree_compiler_version()} does not know the CPU of target "
                               f"{target.name!r}: {reason}")
+        if target is not None and target.is_gpu:
+            # IREE crashes on some targets it cannot describe (cuda:h100 in 3.13) instead of
+            # saying so: its target probe, a known-good matmul, tells the target from the file.
+            target.gpu_facts()
         raise InputError(f"iree-compile rejected {path}: {reason}")
     return [chunk for chunk in _DUMP_HEADER.split(proc.stderr)[1:] if chunk.strip()]
 

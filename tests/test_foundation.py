@@ -136,6 +136,13 @@ def test_any_gpu_iree_knows_is_a_target_with_its_facts() -> None:
     assert any(i.startswith("WMMA") for i in wmma.mma_intrinsics)
     with pytest.raises(TargetError, match="Unknown ROCM target 'gfx9000'"):
         get_target("gfx9000").gpu_facts()
+    # Bare product names are asked of IREE (ROCm first): what it knows is a target, the rest not.
+    mi325x = get_target("MI325X")
+    assert mi325x.name == "rocm:mi325x" and mi325x.gpu_facts().arch == "gfx942"
+    assert mi325x.gpu_facts().compute_units == 304
+    assert get_target("rtx4090").gpu_facts().arch == "sm_89"
+    with pytest.raises(TargetError, match=r"unknown target 'h100'.*product name IREE knows"):
+        get_target("h100")  # IREE 3.13 has no sm_90 description
 
 
 def test_named_cpu_targets_follow_that_cpu_and_refuse_to_benchmark_what_cannot_run() -> None:

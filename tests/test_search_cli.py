@@ -150,6 +150,16 @@ def test_a_gpu_target_iree_cannot_describe_is_blamed_not_the_file(target: str) -
     assert f"no GPU description of target '{target}'" in line and "rejected" not in line
 
 
+def test_a_target_iree_crashes_on_is_blamed_not_the_file() -> None:
+    """IREE 3.13 crashes (SIGSEGV) compiling for `cuda:h100` rather than saying it has no such
+    target: the target probe then names the target, not the input."""
+    proc = dispatchtune("rank", str(EXAMPLES / "matmul_f32_512.mlir"), "--target", "cuda:h100")
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "cuda:h100" in line and "Unknown CUDA target 'h100'" in line
+    assert "rejected" not in line and "matmul_f32_512" not in line
+
+
 def test_a_cpu_name_iree_does_not_know_is_blamed_not_the_file() -> None:
     """`llvm-cpu:<name>` with a name LLVM does not know: one line naming the target (it used to
     read as IREE rejecting the input file)."""
