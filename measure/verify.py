@@ -26,6 +26,7 @@ def numpy_dtype(element_type: str) -> np.dtype | None:
     table: dict[str, object] = {
         "f64": np.float64, "f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
         "i64": np.int64, "i32": np.int32, "i16": np.int16, "i8": np.int8,
+        "i1": np.bool_,  # one byte per element at IREE's ABI, as numpy stores bools
         "f8E4M3FNUZ": ml_dtypes.float8_e4m3fnuz, "f8E5M2FNUZ": ml_dtypes.float8_e5m2fnuz,
         "f8E4M3FN": ml_dtypes.float8_e4m3fn, "f8E5M2": ml_dtypes.float8_e5m2,
     }
@@ -78,7 +79,7 @@ def write_random_inputs(
     """Seeded random inputs as raw files, one per tensor; returns the `--input=` flags that load
     them (None when numpy cannot hold an element type). Floats are normal(0, `scale`), integers
     uniform in `int_ranges[i]` = [low, high) where given (token ids, indices), else in [-4, 4]
-    (small, so integer accumulation never overflows)."""
+    (small, so integer accumulation never overflows), booleans (i1) 0 or 1."""
     directory.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     flags: list[str] = []
@@ -86,7 +87,11 @@ def write_random_inputs(
         dtype = numpy_dtype(tensor.element_type)
         if dtype is None:
             return None
-        if np.issubdtype(dtype, np.integer):
+        if dtype == np.bool_:
+            # Masks: half set, so that either convention (True keeps or drops a key) leaves
+            # rows with keys to attend to.
+            values = rng.integers(0, 2, size=tensor.shape).astype(dtype)
+        elif np.issubdtype(dtype, np.integer):
             low, high = (int_ranges[i] if i < len(int_ranges) else None) or (-4, 5)
             values = rng.integers(low, high, size=tensor.shape).astype(dtype)
         else:

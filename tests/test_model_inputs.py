@@ -47,6 +47,25 @@ def test_token_ids_stay_inside_the_embedding_table(tmp_path: Path) -> None:
     assert outputs is not None and np.allclose(outputs[0], 0.5 * 0.25 * 16)
 
 
+def test_boolean_arguments_get_random_bits_iree_reads_as_bytes(tmp_path: Path) -> None:
+    """A torch export's key-padding mask is an i1 argument: tune-model refused such models ("no
+    random inputs for i1"). Half the bits are set, and IREE reads them as numpy writes them."""
+    model = FIXTURES / "masked_matmul_i1.mlir"
+    entry = find_entry(model)
+    call = model_call(entry, tmp_path / "inputs", seed=0)
+    assert call.inputs[2].startswith("--input=32x32xi1=@")
+    a, b = (np.fromfile(tmp_path / "inputs" / f"input{i}.bin", dtype=np.float32).reshape(32, 32)
+            for i in (0, 1))
+    mask = np.fromfile(tmp_path / "inputs" / "input2.bin", dtype=np.uint8)
+    assert mask.size == 32 * 32 and set(mask.tolist()) == {0, 1} and 0.4 < mask.mean() < 0.6
+    vmfb = tmp_path / "model.vmfb"
+    assert compile_module(model, HOST, None, vmfb, 300).ok
+    outputs = LocalRunner().run(Artifact(vmfb, "local-sync"), call, 120).outputs
+    assert outputs is not None
+    expected = np.where(mask.reshape(32, 32) == 1, a @ b, 0.0)
+    assert np.allclose(outputs[0], expected, atol=1e-5)
+
+
 def test_real_exports_get_ids_below_their_vocabulary() -> None:
     for name in ("bert_l1_s128", "llama_l1_s128"):
         entry = find_entry(EXAMPLES / "models" / f"{name}.mlir")
