@@ -235,9 +235,10 @@ def _contraction(
     that is contiguous in the output (an M loop when the output is transposed, as in NCHW 1x1
     convolutions). With one loop per class this is exactly the historic matmul model.
     """
-    for cls in ("m", "n", "k"):
-        if not problem.loops(cls):
-            raise UnsupportedProblem(f"CPU search supports contractions with an {cls.upper()} loop")
+    if not problem.loops("k"):
+        raise UnsupportedProblem("CPU search supports contractions with a K loop")
+    if not (problem.loops("m") or problem.loops("n")):
+        raise UnsupportedProblem("CPU search supports contractions with an M or N loop")
     dist = {c: _knob_names(problem, c, f"dist_{c[0]}") for c in ("batch", "m", "n")}
     if not problem.loops("batch"):
         dist["batch"] = ["dist_b"]  # a unit batch, as the historic model
@@ -281,7 +282,9 @@ def _contraction(
     for i, name in zip(problem.loops("batch"), dist["batch"], strict=False):
         loop_of[i] = (name, 1, 0)
     for cls in ("m", "n"):
-        for i, d, v in zip(problem.loops(cls), dist[cls], vec[cls], strict=True):
+        # A matrix-vector product has no M (or N) loop: its knobs stay at a unit tile, listed
+        # nowhere, as the batch knob of a problem without batch loops.
+        for i, d, v in zip(problem.loops(cls), dist[cls], vec[cls], strict=False):
             loop_of[i] = (d, v, 0)
     for i, name in zip(problem.loops("k"), red, strict=True):
         loop_of[i] = (0, 0, name)
