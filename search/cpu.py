@@ -311,14 +311,16 @@ def _convolution(
     depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
         "input_channel"
     )
-    regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and shape.get(
-        "input_channel"
-    ) == 1
+    # One input channel (a waveform's or a grayscale image's first conv), folded away by IREE:
+    # codegen configures the op as it is, without re-expanding a unit batch around it.
+    single_input_channel = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and (
+        not shape.get("input_channel"))
+    regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and (
+        shape.get("input_channel") == 1 or single_input_channel)
     images = shape.get("output_image", 0)
     loops = ", ".join(f"{n} {c}" for c, n in shape.items() if n)
-    if not shape.get("batch") or images not in (1, 2, 3) or shape.get("filter_loop") != images:
-        # A batch-less conv has its unit batch back here unless it has no channel loops to
-        # re-expand around (one input channel, folded away, as in a waveform's first conv).
+    has_batch = bool(shape.get("batch")) or single_input_channel
+    if not has_batch or images not in (1, 2, 3) or shape.get("filter_loop") != images:
         raise UnsupportedProblem(
             "CPU search supports 1-D, 2-D and 3-D convolutions with batch loops and input "
             f"channels (or depthwise); this one has {loops} loop(s)"
@@ -333,14 +335,14 @@ def _convolution(
             "loop(s)"
         )
     channel_class = "depth" if depthwise else "output_channel"
-    nb = problem.size("batch")
+    nb = problem.size("batch")  # 1 without batch loops
     od, oh, ow = (1, 1, *problem.sizes("output_image"))[-3:]
     oc = problem.size(channel_class)
     kw = problem.sizes("filter_loop")[-1]
     ic = problem.size("input_channel")
     # Several batch loops (a (1, 3, 3) 3-D conv whose unit filter depth IREE folds away keeps the
     # output depth as a second batch loop) get a distribution tile each.
-    batch_knobs = _knob_names(problem, "batch", "dist_n")
+    batch_knobs = _knob_names(problem, "batch", "dist_n") if problem.loops("batch") else []
     dod, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
         "dist_od dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
     )
@@ -365,10 +367,10 @@ def _convolution(
             add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
-    if depthwise:
+    if depthwise or single_input_channel:
         # IREE's own depthwise configs reduce the whole filter row at once; 1 compiles too.
-        add(z3.And(rkw >= 1, rkw <= kw, z3.Or(rkw == 1, rkw == kw)), "conv depthwise KW tile is 1 or KW")
-        add(ric == 1, "conv depthwise has no input-channel loop")
+        add(z3.And(rkw >= 1, rkw <= kw, z3.Or(rkw == 1, rkw == kw)), "conv KW tile is 1 or KW")
+        add(ric == 1, "conv has no input-channel loop")
         reduction = rkw
     else:
         add(_divisible(z3, ic, ric), "C3 reduction tile divides IC")
@@ -386,7 +388,7 @@ def _convolution(
     variables: tuple[str, ...] = (
         *batch_knobs, *outer_images, "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic"
     )
-    variables += ("red_kw",) if depthwise else ()
+    variables += ("red_kw",) if depthwise or single_input_channel else ()
     low = problem.loops("output_image")[-1]
     (loc,) = problem.loops(channel_class)
     lkw = problem.loops("filter_loop")[-1]
@@ -395,7 +397,7 @@ def _convolution(
     }
     loop_of |= {
         low: ("dist_ow", "vec_ow", 0), loc: ("dist_oc", "vec_oc", 0),
-        lkw: (0, 0, "red_kw" if depthwise else 1),
+        lkw: (0, 0, "red_kw" if depthwise or single_input_channel else 1),
     }
     loop_of |= {i: (name, 1, 0)
                 for i, name in zip(problem.loops("output_image")[:-1], outer_images, strict=True)}
