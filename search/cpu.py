@@ -297,7 +297,7 @@ def _convolution(
     max_vector: int, partial_tiles: bool = False,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
     """1-D, 2-D and 3-D convolutions in any layout (NHWC/HWCF, NCHW/FCHW, NWC/WCF, NCDHW/FCDHW,
-    NDHWC/DHWCF) and depthwise ones.
+    NDHWC/DHWCF), depthwise ones and ones with a single input channel (folded away by IREE).
 
     The channel loop is the output channel, or the depth (group) loop of a depthwise conv; C5
     applies to whichever output loop is contiguous (channels in NHWC, output width in NCHW). A
@@ -319,8 +319,10 @@ def _convolution(
         shape.get("input_channel") == 1 or single_input_channel)
     images = shape.get("output_image", 0)
     loops = ", ".join(f"{n} {c}" for c, n in shape.items() if n)
-    has_batch = bool(shape.get("batch")) or single_input_channel
-    if not has_batch or images not in (1, 2, 3) or shape.get("filter_loop") != images:
+    # Without a batch loop only when IREE configures the op batch-less (see above); other
+    # batch-less convs have their unit batch back here (`configured_problem`).
+    batch_ok = bool(shape.get("batch")) or single_input_channel
+    if not batch_ok or images not in (1, 2, 3) or shape.get("filter_loop") != images:
         raise UnsupportedProblem(
             "CPU search supports 1-D, 2-D and 3-D convolutions with batch loops and input "
             f"channels (or depthwise); this one has {loops} loop(s)"
@@ -367,7 +369,8 @@ def _convolution(
             add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
-    if depthwise or single_input_channel:
+    no_input_channel = depthwise or single_input_channel
+    if no_input_channel:
         # IREE's own depthwise configs reduce the whole filter row at once; 1 compiles too.
         add(z3.And(rkw >= 1, rkw <= kw, z3.Or(rkw == 1, rkw == kw)), "conv KW tile is 1 or KW")
         add(ric == 1, "conv has no input-channel loop")
@@ -388,7 +391,7 @@ def _convolution(
     variables: tuple[str, ...] = (
         *batch_knobs, *outer_images, "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic"
     )
-    variables += ("red_kw",) if depthwise or single_input_channel else ()
+    variables += ("red_kw",) if no_input_channel else ()
     low = problem.loops("output_image")[-1]
     (loc,) = problem.loops(channel_class)
     lkw = problem.loops("filter_loop")[-1]
@@ -397,7 +400,7 @@ def _convolution(
     }
     loop_of |= {
         low: ("dist_ow", "vec_ow", 0), loc: ("dist_oc", "vec_oc", 0),
-        lkw: (0, 0, "red_kw" if depthwise or single_input_channel else 1),
+        lkw: (0, 0, "red_kw" if no_input_channel else 1),
     }
     loop_of |= {i: (name, 1, 0)
                 for i, name in zip(problem.loops("output_image")[:-1], outer_images, strict=True)}
