@@ -410,8 +410,11 @@ def _convolution(
 
 
 def _grouped(problem: Problem) -> bool:
-    """A grouped convolution: one group (depth) loop and both channel loops."""
-    return all(len(problem.loops(c)) == 1 for c in ("depth", "output_channel", "input_channel"))
+    """A grouped convolution: one group (depth) loop and both channel loops, or the output
+    channel loop alone (one input channel per group, folded away by IREE: a depthwise
+    convolution with a channel multiplier)."""
+    return (all(len(problem.loops(c)) == 1 for c in ("depth", "output_channel"))
+            and len(problem.loops("input_channel")) <= 1)
 
 
 def _grouped_convolution(
@@ -456,14 +459,15 @@ def _grouped_convolution(
         dnb * dg * doh * dow * doc * cores <= nb * groups * oh * ow * oc,
         "C7 at least one workgroup per core",
     )
-    (lg,), (loc,), (lic,) = (problem.loops(c) for c in ("depth", "output_channel", "input_channel"))
+    (lg,), (loc,) = (problem.loops(c) for c in ("depth", "output_channel"))
     loh, low = problem.loops("output_image")
     lkh, lkw = problem.loops("filter_loop")
     loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
     loop_of |= {
         lg: ("dist_g", 1, 0), loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
-        loc: ("dist_oc", "vec_oc", 0), lic: (0, 0, "red_ic"), lkh: (0, 0, 1), lkw: (0, 0, "red_kw"),
+        loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, "red_kw"),
     }
+    loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}  # none: 1 per group
     variables = ("dist_n", "dist_g", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic",
                  "red_kw")
     return loop_of, variables

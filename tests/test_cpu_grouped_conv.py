@@ -17,6 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 HOST = get_target("host")
 NHWGC = FIXTURES / "cpu_grouped_conv_nhwgc_f32.mlir"
 NGCHW = FIXTURES / "cpu_grouped_conv_ngchw_f32.mlir"
+MULTIPLIER = FIXTURES / "cpu_depthwise_multiplier_f32.mlir"
 
 
 @pytest.mark.parametrize(("fixture", "batch"), [(NHWGC, 1), (NHWGC, 2), (NGCHW, 1), (NGCHW, 2)])
@@ -27,6 +28,18 @@ def test_grouped_conv_candidates_apply_compile_and_compute_the_same(
     path = at_batch(fixture, batch, tmp_path)
     problem = first_and_last_apply_and_compute_the_same(path, "DoubleTilingExpert", tmp_path)
     assert len(problem.loops("depth")) == 1 and problem.unit_batch_conv == (batch == 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_depthwise_with_a_channel_multiplier_is_a_grouped_conv(batch: int, tmp_path: Path) -> None:
+    """Conv2d(32, 64, 3, groups=32): one input channel per group, folded away by IREE, so the op
+    has group and output-channel loops but no input-channel loop (it was refused). Configured as
+    a grouped conv with a unit input-channel tile; first and last candidates apply, compile and
+    compute the default build's outputs."""
+    path = at_batch(MULTIPLIER, batch, tmp_path)
+    problem = first_and_last_apply_and_compute_the_same(path, "DoubleTilingExpert", tmp_path)
+    assert not problem.loops("input_channel") and problem.size("depth") == 32
+    assert (enumerate_candidates(problem, HOST).table["tile_k"] == 1).all()
 
 
 def test_grouped_conv_space_follows_the_constraints() -> None:
