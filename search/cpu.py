@@ -420,7 +420,8 @@ def _grouped(problem: Problem) -> bool:
 def _grouped_convolution(
     z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
-    """2-D grouped convolutions (NHWGC/GFHWC, NGCHW/GFCHW) under DoubleTilingExpert.
+    """1-D and 2-D grouped convolutions (NHWGC/GFHWC, NGCHW/GFCHW, NGCW/GFCW: wav2vec2's
+    positional convolution) under DoubleTilingExpert.
 
     Every parallel loop is distributed (batch, group, output image, output channels per group);
     the output width and the output channels per group take vector tiles (group, batch and output
@@ -430,20 +431,22 @@ def _grouped_convolution(
     so IREE's vector-size limit (C4) never fires: 14x32x32 f32 vectors (57,344 bytes) compile.
     """
     shape = [len(problem.loops(c)) for c in ("batch", "output_image", "filter_loop")]
-    if shape != [1, 2, 2]:
+    if shape not in ([1, 2, 2], [1, 1, 1]):
         raise UnsupportedProblem(
-            "CPU search supports 2-D grouped convolutions with one batch loop (not 1-D/3-D)"
+            "CPU search supports 1-D and 2-D grouped convolutions with one batch loop (not 3-D)"
         )
+    two_d = shape[1] == 2
     nb, groups = problem.size("batch"), problem.size("depth")
-    oh, ow = problem.sizes("output_image")
+    oh, ow = (1, *problem.sizes("output_image"))[-2:]
     oc, ic = problem.size("output_channel"), problem.size("input_channel")
-    kw = problem.sizes("filter_loop")[1]
-    dnb, dg, doh, dow, doc, vow, voc, ric, rkw = z3.Ints(
+    kw = problem.sizes("filter_loop")[-1]
+    dnb, dg, dist_oh, dow, doc, vow, voc, ric, rkw = z3.Ints(
         "dist_n dist_g dist_oh dist_ow dist_oc vec_ow vec_oc red_ic red_kw"
     )
-    for size, var, name in (
-        (nb, dnb, "N"), (groups, dg, "G"), (oh, doh, "OH"), (ow, dow, "OW"), (oc, doc, "OC")
-    ):
+    doh = dist_oh if two_d else 1  # a 1-D conv has no output height to tile
+    tiled = [(nb, dnb, "N"), (groups, dg, "G"), *([(oh, dist_oh, "OH")] if two_d else []),
+             (ow, dow, "OW"), (oc, doc, "OC")]
+    for size, var, name in tiled:
         add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
@@ -460,16 +463,18 @@ def _grouped_convolution(
         "C7 at least one workgroup per core",
     )
     (lg,), (loc,) = (problem.loops(c) for c in ("depth", "output_channel"))
-    loh, low = problem.loops("output_image")
-    lkh, lkw = problem.loops("filter_loop")
+    low, lkw = problem.loops("output_image")[-1], problem.loops("filter_loop")[-1]
     loop_of: dict[int, Loop] = {i: ("dist_n", 1, 0) for i in problem.loops("batch")}
     loop_of |= {
-        lg: ("dist_g", 1, 0), loh: ("dist_oh", 1, 0), low: ("dist_ow", "vec_ow", 0),
-        loc: ("dist_oc", "vec_oc", 0), lkh: (0, 0, 1), lkw: (0, 0, "red_kw"),
+        lg: ("dist_g", 1, 0), low: ("dist_ow", "vec_ow", 0), loc: ("dist_oc", "vec_oc", 0),
+        lkw: (0, 0, "red_kw"),
     }
+    if two_d:
+        loop_of |= {problem.loops("output_image")[0]: ("dist_oh", 1, 0),
+                    problem.loops("filter_loop")[0]: (0, 0, 1)}
     loop_of |= {i: (0, 0, "red_ic") for i in problem.loops("input_channel")}  # none: 1 per group
-    variables = ("dist_n", "dist_g", "dist_oh", "dist_ow", "dist_oc", "vec_ow", "vec_oc", "red_ic",
-                 "red_kw")
+    variables = ("dist_n", "dist_g", *(("dist_oh",) if two_d else ()), "dist_ow", "dist_oc",
+                 "vec_ow", "vec_oc", "red_ic", "red_kw")
     return loop_of, variables
 
 

@@ -18,6 +18,7 @@ HOST = get_target("host")
 NHWGC = FIXTURES / "cpu_grouped_conv_nhwgc_f32.mlir"
 NGCHW = FIXTURES / "cpu_grouped_conv_ngchw_f32.mlir"
 MULTIPLIER = FIXTURES / "cpu_depthwise_multiplier_f32.mlir"
+NGCW = FIXTURES / "cpu_grouped_conv1d_ngcw_f32.mlir"
 
 
 @pytest.mark.parametrize(("fixture", "batch"), [(NHWGC, 1), (NHWGC, 2), (NGCHW, 1), (NGCHW, 2)])
@@ -28,6 +29,20 @@ def test_grouped_conv_candidates_apply_compile_and_compute_the_same(
     path = at_batch(fixture, batch, tmp_path)
     problem = first_and_last_apply_and_compute_the_same(path, "DoubleTilingExpert", tmp_path)
     assert len(problem.loops("depth")) == 1 and problem.unit_batch_conv == (batch == 1)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_1d_grouped_conv_candidates_apply_compile_and_compute_the_same(
+    batch: int, tmp_path: Path
+) -> None:
+    """wav2vec2's positional convolution is a 1-D grouped conv (it was refused): the 2-D knobs
+    less the output height; first and last candidates apply, compile and compute the default
+    build's outputs."""
+    path = at_batch(NGCW, batch, tmp_path)
+    problem = first_and_last_apply_and_compute_the_same(path, "DoubleTilingExpert", tmp_path)
+    assert len(problem.loops("output_image")) == 1 and problem.unit_batch_conv == (batch == 1)
+    table = enumerate_candidates(problem, HOST).table
+    assert (table["tile_oh"] == 1).all() and (table["tile_m"] % table["tile_ow"] == 0).all()
 
 
 @pytest.mark.parametrize("batch", [1, 2])
