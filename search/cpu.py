@@ -41,8 +41,9 @@ of an accumulator element, from `Target.cpu_facts()` and the problem):
   multiple of the native vector (a language model's vocabulary, N = 50257 = 29 x 1733) may have
   no divisor that C2, C5 and C6 accept. Its distribution tile may then also be a power of two
   below the size, the last tile partial, as IREE's own default does (distribution 64 on N =
-  50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles). The same for a regular
-  or depthwise convolution's output width and channel loops (an audio front end's 799 outputs).
+  50257 and on N = 30522); C2-C7 hold as before (C7 counts whole tiles). The same for a regular,
+  depthwise or grouped convolution's output width and channel loops (an audio front end's 799
+  outputs; a 1-D depthwise conv with a channel multiplier over 994).
 - 1-D convolutions (NWC/WCF, depthwise NWC/WC) under DoubleTilingExpert, IREE 3.13's own choice:
   the 2-D conv's knobs and constraints less the output height (C4 measured for them too). 3-D
   convolutions (video and volume models) likewise, plus a distribution tile of the output depth;
@@ -103,6 +104,17 @@ def _divisible(z3: Any, size: int, var: Any) -> Any:
     return z3.And(var >= 1, var <= size, size % var == 0)
 
 
+def _distribution_tile(z3: Any, size: int, tile: Any, label: str, partial: bool) -> tuple[Any, str]:
+    """C1 on one loop (and its reason): the tile divides the loop or, with `partial`, is also a
+    power of two below it, the last tile partial (the module docstring's "Partial tiles")."""
+    if not partial:
+        return _divisible(z3, size, tile), f"C1 distribution tile divides {label}"
+    # The bounds stand outside the disjunction: the engine reads bounds from top-level conjuncts.
+    choice = z3.Or(size % tile == 0, *(tile == p for p in _powers_of_two(size)))
+    return (z3.And(tile >= 1, tile <= size, choice),
+            f"C1 distribution tile divides {label} or is a power of two (partial)")
+
+
 def _powers_of_two(size: int) -> list[int]:
     """Powers of two from 2 up to, not including, `size`."""
     return [1 << e for e in range(1, max(size - 1, 1).bit_length()) if 1 << e < size]
@@ -150,7 +162,9 @@ def cpu_model(
     elif problem.kind == "convolution" and _grouped(problem):
         # IREE 3.13 lowers grouped convolutions with DoubleTilingExpert, not the conv pipeline.
         pipeline = "DoubleTilingExpert"
-        loop_of, variables = _grouped_convolution(z3, configured, add, acc, width, registers, cores)
+        loop_of, variables = _grouped_convolution(
+            z3, configured, add, acc, width, registers, cores, partial_tiles
+        )
     elif problem.kind == "convolution":
         pipeline = ("ConvTileAndDecomposeExpert" if operand_layout(configured) in DECOMPOSED_LAYOUTS
                     else "DoubleTilingExpert")
@@ -250,14 +264,8 @@ def _contraction(
         for j, (name, size) in enumerate(zip(dist[cls], sizes, strict=True)):
             suffix = "" if j == len(sizes) - 1 else str(j)
             tile = Int(name)
-            if partial_tiles and cls != "batch" and (size * acc) % width:
-                # The bounds stand outside the disjunction: the engine reads bounds from
-                # top-level conjuncts only.
-                choice = z3.Or(size % tile == 0, *(tile == p for p in _powers_of_two(size)))
-                add(z3.And(tile >= 1, tile <= size, choice),
-                    f"C1 distribution tile divides {label}{suffix} or is a power of two (partial)")
-            else:
-                add(_divisible(z3, size, tile), f"C1 distribution tile divides {label}{suffix}")
+            partial = partial_tiles and cls != "batch" and bool((size * acc) % width)
+            add(*_distribution_tile(z3, size, tile, f"{label}{suffix}", partial))
     for cls in ("m", "n"):
         for d, v in zip(dist[cls], vec[cls], strict=True):
             add(z3.And(Int(v) >= 1, Int(d) % Int(v) == 0), f"C2 {v} divides {d}")
@@ -360,13 +368,8 @@ def _convolution(
     dod = 1 if "OD" in absent else dod
     doh = 1 if "OH" in absent else doh
     for size, var, name in tiled:
-        if partial_tiles and name in ("OW", "OC") and (size * acc) % width:
-            # As for contractions: bounds outside the disjunction (the engine reads them there).
-            choice = z3.Or(size % var == 0, *(var == p for p in _powers_of_two(size)))
-            add(z3.And(var >= 1, var <= size, choice),
-                f"C1 distribution tile divides {name} or is a power of two (partial)")
-        else:
-            add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+        partial = partial_tiles and name in ("OW", "OC") and bool((size * acc) % width)
+        add(*_distribution_tile(z3, size, var, name, partial))
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
     no_input_channel = depthwise or single_input_channel
@@ -418,7 +421,8 @@ def _grouped(problem: Problem) -> bool:
 
 
 def _grouped_convolution(
-    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int
+    z3: Any, problem: Problem, add: Any, acc: int, width: int, registers: int, cores: int,
+    partial_tiles: bool = False,
 ) -> tuple[dict[int, Loop], tuple[str, ...]]:
     """1-D and 2-D grouped convolutions (NHWGC/GFHWC, NGCHW/GFCHW, NGCW/GFCW: wav2vec2's
     positional convolution) under DoubleTilingExpert.
@@ -447,7 +451,8 @@ def _grouped_convolution(
     tiled = [(nb, dnb, "N"), (groups, dg, "G"), *([(oh, dist_oh, "OH")] if two_d else []),
              (ow, dow, "OW"), (oc, doc, "OC")]
     for size, var, name in tiled:
-        add(_divisible(z3, size, var), f"C1 distribution tile divides {name}")
+        partial = partial_tiles and name in ("OW", "OC") and bool((size * acc) % width)
+        add(*_distribution_tile(z3, size, var, name, partial))
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
     add(_divisible(z3, ic, ric), "C3 reduction tile divides IC per group")
@@ -650,12 +655,11 @@ def _solve_least_relaxed(
 ) -> tuple[CpuModel, Sequence[dict[str, np.ndarray]]]:
     """Solve the sane space; where it is empty, relax as little as makes it not empty.
 
-    First C7 (a workgroup per core, halved down to one), then, for contractions and regular or
-    depthwise convolutions, partial distribution tiles with C7 asking again from one per core.
+    First C7 (a workgroup per core, halved down to one), then partial distribution tiles with
+    C7 asking again from one per core (contractions, and convolutions on their output width and
+    channels).
     """
-    partial = problem.kind == "contraction" or (
-        problem.kind == "convolution" and not _grouped(problem))
-    relaxations = (False, True) if partial else (False,)
+    relaxations = (False, True) if problem.kind in ("contraction", "convolution") else (False,)
     for partial_tiles in relaxations:
         workgroups = facts.cores
         while True:

@@ -45,6 +45,19 @@ def test_1d_grouped_conv_candidates_apply_compile_and_compute_the_same(
     assert (table["tile_oh"] == 1).all() and (table["tile_m"] % table["tile_ow"] == 0).all()
 
 
+def test_a_grouped_conv_no_tile_fits_gets_partial_tiles(tmp_path: Path) -> None:
+    """An output width of 994 = 2 x 7 x 71 has no divisor that fills native vectors and the
+    whole width does not fit the registers: the space was empty. As for other convs, power-of-two
+    distribution tiles with a partial last tile are admitted then; they compute the same."""
+    path = tmp_path / "wide.mlir"
+    path.write_text(NGCW.read_text().replace("x63x", "x1009x").replace("x48x", "x994x")
+                    .replace("x48xf32", "x994xf32"))
+    problem = first_and_last_apply_and_compute_the_same(path, "DoubleTilingExpert", tmp_path)
+    assert problem.sizes("output_image") == (994,)
+    table = enumerate_candidates(problem, HOST).table
+    assert len(table) and (994 % table["tile_ow"] != 0).any()
+
+
 @pytest.mark.parametrize("batch", [1, 2])
 def test_depthwise_with_a_channel_multiplier_is_a_grouped_conv(batch: int, tmp_path: Path) -> None:
     """Conv2d(32, 64, 3, groups=32): one input channel per group, folded away by IREE, so the op
