@@ -633,6 +633,13 @@ def enumerate_cpu(
 ) -> CandidateSet:
     """Every configuration of the CPU model, in the engine's deterministic order."""
     model, chunks = _solve_least_relaxed(problem, target.cpu_facts(), limit)
+    if limit != 0 and not any(len(c[model.variables[0]]) for c in chunks):
+        # Said as on GPUs: a dispatch with nothing to tune is skipped with the reason, not ranked
+        # as an empty list.
+        raise UnsupportedProblem(
+            f"the CPU space of {problem.describe()} is empty: no configuration meets its "
+            "constraints, relaxed as far as they go: nothing to tune (IREE's default stays)"
+        )
     if pipeline is not None and pipeline != model.pipeline:
         if pipeline not in CPU_PIPELINES:
             raise DispatchTuneError(

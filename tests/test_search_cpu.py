@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -237,6 +239,22 @@ def test_unsupported_cpu_inputs_are_one_line_errors() -> None:
         enumerate_candidates(Problem.matmul(64, 64, 64), HOST, pipeline="TileAndFuse")
     with pytest.raises(DispatchTuneError, match="GPU targets only"):
         enumerate_candidates(Problem.matmul(64, 64, 64), HOST, extra_knobs={"x": (1,)})
+
+
+def test_an_empty_cpu_space_is_a_reason_not_an_empty_ranking(tmp_path: Path) -> None:
+    """An attention over 4093 (prime) keys and values: no tile meets C5/C6 however relaxed. It
+    used to rank as "0 candidates"; now, as on GPUs, the dispatch is skipped with the reason
+    (one line, exit 2 when it is the only one)."""
+    problem = Problem.attention(1, 4093, 4093, 64, 4093, "f32")
+    with pytest.raises(UnsupportedProblem, match=r"CPU space of attention .* is empty"):
+        enumerate_candidates(problem, HOST)
+    source = tmp_path / "attention.mlir"
+    source.write_text(problem.to_mlir())
+    done = subprocess.run([sys.executable, "-m", "dispatchtune", "rank", str(source)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "no dispatch could be ranked" in line and "is empty" in line
 
 
 @pytest.mark.parametrize("cores", [2, 8])
