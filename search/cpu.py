@@ -104,10 +104,14 @@ def _divisible(z3: Any, size: int, var: Any) -> Any:
     return z3.And(var >= 1, var <= size, size % var == 0)
 
 
-def _distribution_tile(z3: Any, size: int, tile: Any, label: str, partial: bool) -> tuple[Any, str]:
-    """C1 on one loop (and its reason): the tile divides the loop or, with `partial`, is also a
-    power of two below it, the last tile partial (the module docstring's "Partial tiles")."""
-    if not partial:
+def _distribution_tile(
+    z3: Any, size: int, tile: Any, label: str, partial: bool, acc: int, width: int
+) -> tuple[Any, str]:
+    """C1 on one loop (and its reason): the tile divides the loop or, with `partial` and a loop
+    that is not a whole number of native vectors (`acc`-byte elements, `width`-byte vectors),
+    is also a power of two below it, the last tile partial (the module docstring's "Partial
+    tiles")."""
+    if not partial or (size * acc) % width == 0:
         return _divisible(z3, size, tile), f"C1 distribution tile divides {label}"
     # The bounds stand outside the disjunction: the engine reads bounds from top-level conjuncts.
     choice = z3.Or(size % tile == 0, *(tile == p for p in _powers_of_two(size)))
@@ -264,8 +268,8 @@ def _contraction(
         for j, (name, size) in enumerate(zip(dist[cls], sizes, strict=True)):
             suffix = "" if j == len(sizes) - 1 else str(j)
             tile = Int(name)
-            partial = partial_tiles and cls != "batch" and bool((size * acc) % width)
-            add(*_distribution_tile(z3, size, tile, f"{label}{suffix}", partial))
+            partial = partial_tiles and cls != "batch"
+            add(*_distribution_tile(z3, size, tile, f"{label}{suffix}", partial, acc, width))
     for cls in ("m", "n"):
         for d, v in zip(dist[cls], vec[cls], strict=True):
             add(z3.And(Int(v) >= 1, Int(d) % Int(v) == 0), f"C2 {v} divides {d}")
@@ -319,12 +323,11 @@ def _convolution(
     depthwise = shape.get("depth", 0) == 1 and not shape.get("output_channel") and not shape.get(
         "input_channel"
     )
+    regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and shape.get(
+        "input_channel", 0) in (0, 1)
     # One input channel (a waveform's or a grayscale image's first conv), folded away by IREE:
     # codegen configures the op as it is, without re-expanding a unit batch around it.
-    single_input_channel = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and (
-        not shape.get("input_channel"))
-    regular = shape.get("depth", 0) == 0 and shape.get("output_channel") == 1 and (
-        shape.get("input_channel") == 1 or single_input_channel)
+    single_input_channel = regular and not shape.get("input_channel")
     images = shape.get("output_image", 0)
     loops = ", ".join(f"{n} {c}" for c, n in shape.items() if n)
     # Without a batch loop only when IREE configures the op batch-less (see above); other
@@ -368,8 +371,8 @@ def _convolution(
     dod = 1 if "OD" in absent else dod
     doh = 1 if "OH" in absent else doh
     for size, var, name in tiled:
-        partial = partial_tiles and name in ("OW", "OC") and bool((size * acc) % width)
-        add(*_distribution_tile(z3, size, var, name, partial))
+        partial = partial_tiles and name in ("OW", "OC")
+        add(*_distribution_tile(z3, size, var, name, partial, acc, width))
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
     no_input_channel = depthwise or single_input_channel
@@ -451,8 +454,8 @@ def _grouped_convolution(
     tiled = [(nb, dnb, "N"), (groups, dg, "G"), *([(oh, dist_oh, "OH")] if two_d else []),
              (ow, dow, "OW"), (oc, doc, "OC")]
     for size, var, name in tiled:
-        partial = partial_tiles and name in ("OW", "OC") and bool((size * acc) % width)
-        add(*_distribution_tile(z3, size, var, name, partial))
+        partial = partial_tiles and name in ("OW", "OC")
+        add(*_distribution_tile(z3, size, var, name, partial, acc, width))
     add(z3.And(vow >= 1, dow % vow == 0), "C2 vec_ow divides dist_ow")
     add(z3.And(voc >= 1, doc % voc == 0), "C2 vec_oc divides dist_oc")
     add(_divisible(z3, ic, ric), "C3 reduction tile divides IC per group")
@@ -633,13 +636,6 @@ def enumerate_cpu(
 ) -> CandidateSet:
     """Every configuration of the CPU model, in the engine's deterministic order."""
     model, chunks = _solve_least_relaxed(problem, target.cpu_facts(), limit)
-    if limit != 0 and not any(len(c[model.variables[0]]) for c in chunks):
-        # Said as on GPUs: a dispatch with nothing to tune is skipped with the reason, not ranked
-        # as an empty list.
-        raise UnsupportedProblem(
-            f"the CPU space of {problem.describe()} is empty: no configuration meets its "
-            "constraints, relaxed as far as they go: nothing to tune (IREE's default stays)"
-        )
     if pipeline is not None and pipeline != model.pipeline:
         if pipeline not in CPU_PIPELINES:
             raise DispatchTuneError(
@@ -664,7 +660,7 @@ def _solve_least_relaxed(
 
     First C7 (a workgroup per core, halved down to one), then partial distribution tiles with
     C7 asking again from one per core (contractions, and convolutions on their output width and
-    channels).
+    channels). Empty even then: `UnsupportedProblem` (unless `limit` is 0).
     """
     relaxations = (False, True) if problem.kind in ("contraction", "convolution") else (False,)
     for partial_tiles in relaxations:
@@ -681,6 +677,13 @@ def _solve_least_relaxed(
             if workgroups <= 1:
                 break
             workgroups = max(1, workgroups // 2)
+    if limit != 0:
+        # Said as on GPUs: a dispatch with nothing to tune is skipped with the reason, not ranked
+        # as an empty list.
+        raise UnsupportedProblem(
+            f"the CPU space of {problem.describe()} is empty: no configuration meets its "
+            "constraints, relaxed as far as they go: nothing to tune (IREE's default stays)"
+        )
     return model, chunks
 
 
