@@ -31,7 +31,7 @@ from dispatchtune.problem import Problem
 from dispatchtune.search import enumerate_candidates
 from dispatchtune.search.cpu import cpu_model
 from dispatchtune.search.engine import ConstraintSystem, enumerate_blocking
-from dispatchtune.search.gpu import gpu_spaces
+from dispatchtune.search.gpu_space import gpu_spaces
 from dispatchtune.targets import get_target
 
 

@@ -7,7 +7,7 @@ configuration by meaning (pipeline, intrinsic, workgroup tiles, K tile, subgroup
 workgroup threads) and report its position in each order: the expected position over tie-breaks
 (1 + candidates scored higher + half the other candidates scored equal), position / N, or which
 attribute leaves it out of the space and which of IREE's constraints exclude it
-(`search.gpu.violated_constraints`). IREE's own default configuration of each dispatch (what
+(`search.gpu_space.violated_constraints`). IREE's own default configuration of each dispatch (what
 `iree-compile` applies without a spec) is found the same way and placed in each order, for
 comparison. Enumerations and defaults are cached (pickled candidate tables, JSON) in --cache.
 
@@ -45,8 +45,8 @@ from dispatchtune.datasets.expert_specs import (
 )
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
-from dispatchtune.search.gpu import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.search.gpu import iree_default_columns as gpu_default_columns
+from dispatchtune.search.gpu_space import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.targets import Target, get_target
 
 TARGET = "gfx942"

@@ -278,7 +278,7 @@ def test_no_gpu_constraints_names_the_cause_the_target_supports() -> None:
 
     # A 3x3 convolution to a 4x4 image (ResNet-18's last stage at 64 px) has f32 intrinsics on
     # gfx942. (A 4-row matmul was the example until its space came from the op raised to an
-    # intrinsic's M: search.gpu.with_small_loops_raised.)
+    # intrinsic's M: search.gpu_source.with_small_loops_raised.)
     with pytest.raises(DispatchTuneError, match="does not cover this op's shape"):
         enumerate_candidates(Problem.conv2d_nhwc_hwcf(2, 4, 4, 256, 256, 3, 3, "f32"),
                              get_target("gfx942"))

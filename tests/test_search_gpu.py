@@ -16,18 +16,14 @@ from dispatchtune.errors import DispatchTuneError
 from dispatchtune.ir.spec import applied_configs, config_applied, tuning_spec, write_spec
 from dispatchtune.problem import Problem
 from dispatchtune.search import CandidateSet, enumerate_candidates
-from dispatchtune.search.gpu import (
+from dispatchtune.search.gpu import GpuMaterializer, enumerate_space, reference_solutions
+from dispatchtune.search.gpu_source import (
     CONSTRAINTS_OP,
-    GpuMaterializer,
-    GpuSpace,
     constraints_module,
-    enumerate_space,
-    gpu_spaces,
-    reference_solutions,
-    violated_constraints,
     with_small_loops_raised,
     without_loops,
 )
+from dispatchtune.search.gpu_space import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.targets import get_target
 from dispatchtune.toolchain import run_tool
 
@@ -559,7 +555,7 @@ def test_contraction_loops_kept_in_the_dispatch_are_never_tiled_as_collapsed(
     gets a tile of 1. IREE has no constraints for what is left (M 2x4, below the intrinsic):
     they come from the op with those loops raised, pinned back, and apply and compile."""
     from dispatchtune import load_problems
-    from dispatchtune.search.gpu import _collapsible_outer, constraint_source
+    from dispatchtune.search.gpu_source import _collapsible_outer, constraint_source
 
     bench = Path(__file__).parent / "fixtures" / "gfx942_resnet_nchw_1x1_benchmark.mlir"
     target = get_target("gfx942")
@@ -733,10 +729,10 @@ def test_no_constraints_names_missing_element_types_before_collapsed_loops() -> 
     """An f32 attention on gfx1100 (no f32 intrinsic) whose dispatch keeps a loop IREE collapses:
     the reason is the element type, not the loop (the loop's reason used to come first, though
     the same attention is tunable on gfx942)."""
-    from dispatchtune.search.gpu import _why_no_constraints
+    from dispatchtune.search.gpu_source import why_no_constraints
 
     problem = Problem.attention(4, 128, 64, 64, 128, "f32")
     for target, expected in (("gfx1100", "no MMA intrinsic of gfx1100 takes f32"),
                              ("gfx942", "its dispatch keeps loop(s) d1")):
-        reason = _why_no_constraints(problem, get_target(target), problem, (1,))
+        reason = why_no_constraints(problem, get_target(target), problem, (1,))
         assert reason.startswith(expected), (target, reason)
