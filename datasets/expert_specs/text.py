@@ -1,0 +1,145 @@
+"""Text helpers of the spec reader: named sequences, balanced brackets, aliases, affine maps,
+intrinsic names, and the one MLIR context attribute reads share."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from dispatchtune.errors import InputError
+
+_SEQUENCE = re.compile(r"transform\.named_sequence\s+@(\w+)\s*\(")
+
+
+#: `#attr = ...` and `!type = ...` aliases (specs name the tensor types of their matchers too).
+_ALIAS = re.compile(r"^([#!]\w+)\s*=\s*(.*)$", re.MULTILINE)
+
+
+_MAP = re.compile(r"affine_map<\(([^)]*)\)\s*->\s*\(([^)]*)\)>")
+
+
+_MAP_TEXT = re.compile(r"affine_map<\([^)]*\)\s*->\s*\([^)]*\)>")
+
+
+_TENSOR = re.compile(r"tensor<([^>]*)>")
+
+
+_OLD_INTRINSIC = re.compile(r"^(MFMA|WMMA)_([A-Z0-9]+)_(\d+x\d+x\d+)_([A-Z0-9]+)$")
+
+
+_COMMENT = re.compile(r"//[^\n]*")
+
+
+#: A sequence's result types (a matcher yields (op, configuration): a transform param).
+_RESULTS = re.compile(r"\)\s*->\s*\(([^)]*)\)\s*\{")
+
+
+#: Aliases may expand a file at most this many times its size (a hostile file could nest them).
+_ALIAS_GROWTH = 16
+
+
+def _balanced(text: str, start: int) -> str:
+    """The `<...>` group opening at or after `start` (arrows `->` are not brackets)."""
+    begin = text.find("<", start)
+    if begin < 0:
+        raise InputError("no '<' after a tuning spec attribute name")
+    depth = 0
+    i = begin
+    while i < len(text):
+        ch = text[i]
+        if ch == "<":
+            depth += 1
+        elif ch == ">" and text[i - 1] != "-":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+        i += 1
+    raise InputError("unbalanced '<' in a tuning spec attribute")
+
+
+def _sequences(text: str) -> Iterator[tuple[str, str]]:
+    """(name, body) of every named sequence, body up to the next sequence."""
+    starts = list(_SEQUENCE.finditer(text))
+    for i, match in enumerate(starts):
+        end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
+        yield match.group(1), text[match.start() : end]
+
+
+def _resolve_aliases(text: str) -> str:
+    """Inline `#name = attr` aliases (IREE's printer uses them for compilation_info) and
+    `!name = type` ones."""
+    aliases = dict(_ALIAS.findall(text))
+    body = _ALIAS.sub("", text)
+    if not aliases:
+        return body
+    pattern = re.compile("|".join(re.escape(n) for n in sorted(aliases, key=len, reverse=True))
+                         + r"(?![\w])")
+
+    limit = _ALIAS_GROWTH * max(len(text), 1024)
+    grown = [0]
+
+    def expand(match: re.Match[str]) -> str:
+        value = aliases[match.group(0)]
+        grown[0] += len(value)  # checked as it grows: nested aliases could exhaust memory
+        if grown[0] > limit:
+            raise InputError(f"attribute aliases expand the spec beyond {_ALIAS_GROWTH}x its size")
+        return value
+
+    for _ in range(4):  # aliases refer to aliases (compilation -> translation)
+        body = pattern.sub(expand, body)
+    return body
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in re.findall(r"-?\d+", text))
+
+
+def _loops(expr_list: str) -> tuple[int, ...]:
+    return tuple(int(d) for d in re.findall(r"d(\d+)", expr_list))
+
+
+def current_intrinsic(name: str) -> str:
+    """Map a 2024 intrinsic name (`MFMA_F16_16x16x16_F32`) to IREE's current one."""
+    match = _OLD_INTRINSIC.match(name)
+    if not match:
+        return name
+    family, first, shape, last = match.groups()
+    # Old names put the input type first; current ones put the accumulator first.
+    if first in {"F32", "I32"} and last not in {"F32", "I32"}:
+        return name
+    return f"{family}_{last}_{shape}_{first}"
+
+
+def _mma_shape(intrinsic: str) -> tuple[int, int, int]:
+    match = re.search(r"(\d+)x(\d+)x(\d+)", intrinsic)
+    if not match:
+        raise InputError(f"cannot read the shape of intrinsic {intrinsic!r}")
+    m, n, k = (int(v) for v in match.groups())
+    return m, n, k
+
+
+def _config_text(body: str) -> str | None:
+    at = body.find("#iree_codegen.compilation_info<")
+    return _balanced(body, at) if at >= 0 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _context() -> Any:
+    """One MLIR context for every attribute read (creating one registers IREE's dialects: ~10
+    ms); parse failures leave it usable."""
+    from iree.compiler import ir
+
+    return ir.Context()
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line (MLIR parse errors quote the whole text: their message
+    follows the last `":line:column: `)."""
+    message = str(exc)
+    located = re.findall(r'":\d+:\d+: ([^\n]*)', message)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = located[-1] if located else lines[-1] if lines else ""
+    prefix = "" if isinstance(exc, InputError) else f"{type(exc).__name__}: "
+    return (prefix + text)[:160]
