@@ -52,12 +52,7 @@ from dispatchtune.datasets.expert_specs.configs import (
     gemm_classes,
     modernise,
 )
-from dispatchtune.datasets.expert_specs.entries import (
-    DYNAMIC_SIZE,
-    SDXL_ATTENTION_SHAPES,
-    ExpertConfig,
-    ExpertEntry,
-)
+from dispatchtune.datasets.expert_specs.entries import ExpertConfig, ExpertEntry
 from dispatchtune.datasets.expert_specs.files import (
     PARTITION_MODES,
     load_spec_dir,
@@ -67,6 +62,8 @@ from dispatchtune.datasets.expert_specs.files import (
     skip_reasons,
 )
 from dispatchtune.datasets.expert_specs.problems import (
+    DYNAMIC_SIZE,
+    SDXL_ATTENTION_SHAPES,
     attention_problem,
     contraction_problem,
     convolution_problem,

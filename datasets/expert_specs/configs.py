@@ -10,13 +10,11 @@ import re
 from typing import Any
 
 from dispatchtune.datasets.expert_specs.entries import ExpertConfig, ExpertEntry
-from dispatchtune.datasets.expert_specs.problems import _attention_problems, _named_attention_problem
 from dispatchtune.datasets.expert_specs.text import (
     _balanced,
     _context,
     _ints,
     _mma_shape,
-    _reason,
     current_intrinsic,
 )
 from dispatchtune.errors import InputError
@@ -67,35 +65,6 @@ def _attention_subgroups(config: Any, loops: list[int], loop: int, count_name: s
         return int(ir.IntegerAttr(attrs[count_name]).value) if count_name in attrs else 1
     counts, mapping = ([int(v) for v in row] for row in config.subgroup_basis)
     return counts[mapping[loops.index(loop)]]
-
-
-def _attention_entries(file: str, name: str, body: str, config_text: str) -> list[ExpertEntry]:
-    """One entry per SDXL attention shape the matcher accepts (or one entry saying why not)."""
-    decomposition = re.search(r"transform\.param\.constant\s*(\{.*?\})\s*->\s*!transform",
-                              body, re.DOTALL)
-    if "TransformDialectCodegen" in body or decomposition is None:
-        return [ExpertEntry(file, name, skipped="attention: transform-dialect script, no config")]
-    try:
-        named = _named_attention_problem(body, name)
-        problems = [named] if named is not None else _attention_problems(body, name)
-    except Exception as exc:  # any rebuild failure is reported for this matcher alone
-        return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {_reason(exc)}")]
-    if not problems:
-        return [ExpertEntry(file, name, skipped="attention: matches none of the SDXL shapes")]
-    entries = []
-    for problem in problems:
-        # A shape-free matcher stands for several dispatches: each entry names its shape.
-        label = name if named is not None else f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
-        try:
-            config = _parse_attention(config_text, decomposition.group(1), problem)
-            entry = ExpertEntry(file, label, problem, config)
-            expert_columns(entry)
-        except Exception as exc:  # any parse failure is reported for this matcher alone
-            entries.append(ExpertEntry(file, label, problem,
-                                       skipped=f"cannot read config: {_reason(exc)}"))
-            continue
-        entries.append(entry)
-    return entries
 
 
 _OLD_PIPELINE = re.compile(r"translation_info<\s*(?:pipeline\s*=\s*)?LLVMGPU(\w+)")

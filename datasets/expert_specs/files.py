@@ -9,22 +9,37 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from dispatchtune.datasets.expert_specs.configs import (
-    _attention_entries,
     _parse_2024,
+    _parse_attention,
     _parse_current,
     expert_columns,
 )
 from dispatchtune.datasets.expert_specs.entries import ExpertEntry
-from dispatchtune.datasets.expert_specs.problems import _matcher_problem
+from dispatchtune.datasets.expert_specs.problems import (
+    _attention_problems,
+    _matcher_problem,
+    _named_attention_problem,
+)
 from dispatchtune.datasets.expert_specs.text import (
     _COMMENT,
     _RESULTS,
     _config_text,
-    _reason,
     _resolve_aliases,
     _sequences,
 )
 from dispatchtune.errors import InputError
+
+
+def _reason(exc: BaseException) -> str:
+    """An exception as one short line (MLIR parse errors quote the whole text: their message
+    follows the last `":line:column: `)."""
+    message = str(exc)
+    located = re.findall(r'":\d+:\d+: ([^\n]*)', message)
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = located[-1] if located else lines[-1] if lines else ""
+    prefix = "" if isinstance(exc, InputError) else f"{type(exc).__name__}: "
+    return (prefix + text)[:160]
+
 
 #: An AMD Instinct product in a spec file's name (`..._mi308.mlir`, `mi300x_...`): digits, then
 #: an optional variant letter, not inside a longer word.
@@ -137,6 +152,35 @@ def _sequence_entries(
         return [ExpertEntry(file, name, skipped="custom lowering strategy, not a configuration "
                             "of the space")]
     return [_entry(file, name, body, config_text, helpers)]
+
+
+def _attention_entries(file: str, name: str, body: str, config_text: str) -> list[ExpertEntry]:
+    """One entry per SDXL attention shape the matcher accepts (or one entry saying why not)."""
+    decomposition = re.search(r"transform\.param\.constant\s*(\{.*?\})\s*->\s*!transform",
+                              body, re.DOTALL)
+    if "TransformDialectCodegen" in body or decomposition is None:
+        return [ExpertEntry(file, name, skipped="attention: transform-dialect script, no config")]
+    try:
+        named = _named_attention_problem(body, name)
+        problems = [named] if named is not None else _attention_problems(body, name)
+    except Exception as exc:  # any rebuild failure is reported for this matcher alone
+        return [ExpertEntry(file, name, skipped=f"cannot rebuild the op: {_reason(exc)}")]
+    if not problems:
+        return [ExpertEntry(file, name, skipped="attention: matches none of the SDXL shapes")]
+    entries = []
+    for problem in problems:
+        # A shape-free matcher stands for several dispatches: each entry names its shape.
+        label = name if named is not None else f"{name}[{'x'.join(map(str, problem.loop_sizes))}]"
+        try:
+            config = _parse_attention(config_text, decomposition.group(1), problem)
+            entry = ExpertEntry(file, label, problem, config)
+            expert_columns(entry)
+        except Exception as exc:  # any parse failure is reported for this matcher alone
+            entries.append(ExpertEntry(file, label, problem,
+                                       skipped=f"cannot read config: {_reason(exc)}"))
+            continue
+        entries.append(entry)
+    return entries
 
 
 def _entry(

@@ -132,14 +132,3 @@ def _context() -> Any:
     from iree.compiler import ir
 
     return ir.Context()
-
-
-def _reason(exc: BaseException) -> str:
-    """An exception as one short line (MLIR parse errors quote the whole text: their message
-    follows the last `":line:column: `)."""
-    message = str(exc)
-    located = re.findall(r'":\d+:\d+: ([^\n]*)', message)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    text = located[-1] if located else lines[-1] if lines else ""
-    prefix = "" if isinstance(exc, InputError) else f"{type(exc).__name__}: "
-    return (prefix + text)[:160]
