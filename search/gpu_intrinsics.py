@@ -18,7 +18,7 @@ def mma_options(kind: Any) -> list[Any]:
     return list(kind.options) if isinstance(kind, iree_codegen.OneOfKnobAttr) else [kind]
 
 
-def intrinsic_name(option: Any) -> str:
+def _intrinsic_name(option: Any) -> str:
     """`MFMA_F32_16x16x16_F16` of `#iree_gpu.mma_layout<MFMA_F32_16x16x16_F16, col_major = true>`."""
     return re.sub(r".*<(\w+).*", r"\1", str(option))
 
@@ -31,7 +31,7 @@ def intrinsic_options(kind: Any) -> tuple[str, tuple[str, ...], tuple[tuple[int,
     options = mma_options(kind)
     names, shapes = [], []
     for option in options:
-        names.append(intrinsic_name(option))
+        names.append(_intrinsic_name(option))
         try:
             mnk = iree_gpu.MMAAttr(option).mnk_shape
         except (TypeError, ValueError):
@@ -64,7 +64,7 @@ def mma_layouts(option: Any) -> MmaLayouts | None:
     try:
         attr = iree_gpu.VirtualMMAAttr(option) if virtual else iree_gpu.MMAAttr(option)
         kind = "virtual_mma_intrinsic" if virtual else "mma_intrinsic"
-        intrinsic = ir.Attribute.parse(f"#iree_gpu<{kind} {intrinsic_name(option)}>")
+        intrinsic = ir.Attribute.parse(f"#iree_gpu<{kind} {_intrinsic_name(option)}>")
         fragments: list[Layout] = []
         for fragment in range(3):
             layout = iree_gpu.get_single_subgroup_layout(intrinsic, fragment)

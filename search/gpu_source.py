@@ -149,7 +149,7 @@ def _matrix_vector(problem: Problem) -> bool:
 _INTRINSIC_NAME = re.compile(r"_(\d+)x(\d+)x(\d+)((?:_[A-Za-z0-9]+)+)$")
 
 
-def intrinsic_shapes(target: Target, element_types: Sequence[str]) -> list[tuple[int, int, int]]:
+def _intrinsic_shapes(target: Target, element_types: Sequence[str]) -> list[tuple[int, int, int]]:
     """M, N and K of the target's MMA intrinsics whose operand types are all among
     `element_types`."""
     wanted = {t.lower() for t in element_types}
@@ -172,7 +172,7 @@ def with_small_loops_raised(problem: Problem, target: Target) -> Problem | None:
     up to the smallest side: the raised op's constraints, pinned back to the op's own sizes
     (`_repin`), are the op's.
     """
-    shapes = intrinsic_shapes(target, problem.input_types)
+    shapes = _intrinsic_shapes(target, problem.input_types)
     if not shapes:
         return None
     sides = {cls: min(shape[i] for shape in shapes) for i, cls in enumerate(("m", "n", "k"))}
@@ -334,7 +334,7 @@ def why_no_constraints(problem: Problem, target: Target, source: Problem | None 
                         tiled_out: Sequence[int] = ()) -> str:
     """What keeps IREE's constraint generator from an op, as far as the op and target say."""
     # The element types first: without an intrinsic for them nothing else could help.
-    if not intrinsic_shapes(target, problem.input_types):
+    if not _intrinsic_shapes(target, problem.input_types):
         return (f"no MMA intrinsic of {target.name} takes "
                 f"{'/'.join(sorted(set(problem.input_types)))}")
     crashed_on = {*problem.loops("batch"), *problem.loops("depth")}
