@@ -59,6 +59,23 @@ class GpuFacts:
     registers_per_simd: int = 512  # 32-bit registers per lane available to one wave/warp
 
 
+def intrinsic_shape(name: str) -> tuple[int, int, int] | None:
+    """M, N and K of an MMA intrinsic, read from its name (`MFMA_F32_16x16x16_F16`: 16 x 16 x
+    16; older spellings too); None when the name carries no shape."""
+    match = re.search(r"(\d+)x(\d+)x(\d+)", name)
+    if not match:
+        return None
+    m, n, k = (int(v) for v in match.groups())
+    return m, n, k
+
+
+def intrinsic_operand_types(name: str) -> tuple[str, ...]:
+    """The operand element types an intrinsic's name ends with (`MFMA_I32_16x16x32_I8`:
+    `("i8",)`), lower case; empty when the name does not end that way."""
+    match = re.search(r"_\d+x\d+x\d+((?:_[A-Za-z0-9]+)+)$", name)
+    return tuple(t.lower() for t in match.group(1).split("_")[1:]) if match else ()
+
+
 @dataclass(frozen=True)
 class Target:
     """A compile target and the device its binaries run on.

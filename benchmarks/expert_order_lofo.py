@@ -245,6 +245,9 @@ def summary_row(label: str, fractions: dict[str, np.ndarray]) -> dict[str, objec
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("specs", type=Path)
+    parser.add_argument("--train-also", type=Path, action="append", default=[], metavar="DIR",
+                        help="spec files always in training, never held out or reported (and in "
+                        "--save's fit); repeatable")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--c", type=float, default=0.01, help="pairwise L2 strength (1/C)")
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
@@ -308,6 +311,10 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     """The held-out fits of `priors` and the report for `main`'s parsed `args` (then `--save`'s
     fit)."""
     data = load(args.specs, args.cache, args.heuristic_filters)
+    extra = [d for directory in args.train_also
+             for d in load(directory, args.cache, args.heuristic_filters)]
+    reported = len(data)
+    data += extra
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
     identities = np.array([d[6] for d in data])
@@ -318,9 +325,9 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
                      for g in GRID]) if args.grid else np.zeros((0, len(data)))
     designs = [design(d[2], d[3]) for d in data]
-    held_out_sets = held_out_groups(sorted(set(files.tolist())), args.folds)
+    held_out_sets = held_out_groups(sorted(set(files[:reported].tolist())), args.folds)
     for held in held_out_sets:
-        tested = np.isin(files, held)
+        tested = np.isin(files, held) & (np.arange(len(data)) < reported)
         # An expert another file repeats (same dispatch, same configuration) is held out too.
         train = ~tested & ~np.isin(identities, identities[tested])
         training = [d for d, t in zip(data, train, strict=True) if t]
@@ -342,6 +349,11 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                 scores = model.predict_candidates(data[j][3], data[j][2])
                 fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
         print(f"held out {', '.join(held)}", file=sys.stderr)
+    # The reports cover the held-out files; `--save`'s fit and its record cover every file.
+    trained, trained_files = data, files
+    data, files, kinds, identities = (data[:reported], files[:reported], kinds[:reported],
+                                      identities[:reported])
+    fraction = {name: v[:reported] for name, v in fraction.items()}
     rows = []
     groups: list[tuple[str, np.ndarray]] = [("all", np.ones(len(data), bool))]
     groups += [("contraction+convolution", kinds != "attention")]  # part 2's set, comparable
@@ -369,7 +381,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
         weak = ("prior" in fraction and "prior_nodefault" in fraction
                 and float(np.median(fraction["prior"]))
                 <= float(np.median(fraction["prior_nodefault"])))
-        model = fit_prior(data, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
+        model = fit_prior(trained, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
                           args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
                           args.collapse_repeats, args.diversity, args.default_closeness)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
@@ -384,7 +396,8 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                                 else "prior" if weak else "prior_nodefault")}
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,
-            "training_data": {"spec_files": sorted(set(files.tolist())), "problems": len(data),
+            "training_data": {"spec_files": sorted(set(trained_files.tolist())),
+                              "problems": len(trained),
                               "hard_negatives": args.hard_negatives,
                               "listwise_l2": args.listwise,
                               "tree_weight": args.tree_weight,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
-from dispatchtune.targets import Target
+from dispatchtune.targets import Target, intrinsic_operand_types, intrinsic_shape
 from dispatchtune.toolchain import compiler_failure, iree_compiler_version, run_tool
 
 logger = logging.getLogger(__name__)
@@ -144,20 +144,15 @@ def _matrix_vector(problem: Problem) -> bool:
         all(sizes[loop] == 1 for loop in problem.loops(cls)) for cls in ("m", "n"))
 
 
-#: An intrinsic's name ends with its shape and operand type(s): MFMA_F32_16x16x16_F16 is 16 x 16 x
-#: 16 on f16 operands.
-_INTRINSIC_NAME = re.compile(r"_(\d+)x(\d+)x(\d+)((?:_[A-Za-z0-9]+)+)$")
-
-
 def _intrinsic_shapes(target: Target, element_types: Sequence[str]) -> list[tuple[int, int, int]]:
     """M, N and K of the target's MMA intrinsics whose operand types are all among
     `element_types`."""
     wanted = {t.lower() for t in element_types}
     shapes = []
     for name in target.gpu_facts().mma_intrinsics:
-        match = _INTRINSIC_NAME.search(name)
-        if match and {t.lower() for t in match.group(4).split("_")[1:]} <= wanted:
-            shapes.append((int(match.group(1)), int(match.group(2)), int(match.group(3))))
+        shape, types = intrinsic_shape(name), intrinsic_operand_types(name)
+        if shape and types and set(types) <= wanted:
+            shapes.append(shape)
     return shapes
 
 

@@ -120,6 +120,27 @@ def test_targets_registry_and_facts() -> None:
         get_target("radeon-9000")
 
 
+def test_intrinsic_names_read_as_shape_and_operand_types() -> None:
+    """Every intrinsic IREE lists for gfx942, gfx950, gfx1201 and sm_86 has a shape in its name;
+    operand types are read only from names that end with them (a target's intrinsics are
+    filtered by them)."""
+    from dispatchtune.targets import intrinsic_operand_types, intrinsic_shape
+
+    assert intrinsic_shape("MFMA_F32_16x16x16_F16") == (16, 16, 16)
+    assert intrinsic_operand_types("MFMA_I32_16x16x32_I8") == ("i8",)
+    assert intrinsic_operand_types("MFMA_F32_16x16x32_F8E4M3FNUZ_F8E5M2FNUZ") == (
+        "f8e4m3fnuz", "f8e5m2fnuz")
+    assert intrinsic_shape("VMFMA_F32_32x32x16_F16") == (32, 32, 16)
+    assert intrinsic_shape("MFMA_F32_16x16x4F32") == (16, 16, 4)  # an older spelling
+    assert intrinsic_operand_types("MFMA_F32_16x16x4F32") == ()
+    assert intrinsic_shape("WMMA") is None and intrinsic_operand_types("WMMA") == ()
+    for name in ("gfx942", "gfx950", "gfx1201", "sm_86"):
+        for intrinsic in get_target(name).gpu_facts().mma_intrinsics:
+            shape = intrinsic_shape(intrinsic)
+            assert shape is not None and min(shape) >= 1, intrinsic
+    assert intrinsic_operand_types("VDMFMA_F32_8x16x64x2_BF16") == ()  # gfx950's, not that form
+
+
 def test_any_gpu_iree_knows_is_a_target_with_its_facts() -> None:
     """Architecture and product names IREE 3.13 knows: facts from IREE's target table, CU counts
     of the flagship product where IREE has none for an architecture name."""

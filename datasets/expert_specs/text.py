@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from dispatchtune.errors import InputError
+from dispatchtune.targets import intrinsic_shape
 
 _SEQUENCE = re.compile(r"transform\.named_sequence\s+@(\w+)\s*\(")
 
@@ -113,11 +114,10 @@ def current_intrinsic(name: str) -> str:
 
 
 def _mma_shape(intrinsic: str) -> tuple[int, int, int]:
-    match = re.search(r"(\d+)x(\d+)x(\d+)", intrinsic)
-    if not match:
+    shape = intrinsic_shape(intrinsic)
+    if shape is None:
         raise InputError(f"cannot read the shape of intrinsic {intrinsic!r}")
-    m, n, k = (int(v) for v in match.groups())
-    return m, n, k
+    return shape
 
 
 def _config_text(body: str) -> str | None:
