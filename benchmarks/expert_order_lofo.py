@@ -15,7 +15,9 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
   it; with `--tree-weight W` each ranker's linear score is blended with LambdaRank trees).
 `--priors` picks the variants to fit. An expert another file repeats (same dispatch, same
 configuration) is held out together with the file being held out. `--folds K` holds the files
-out K groups at a time instead (fewer fits when there are many files).
+out K groups at a time instead (fewer fits when there are many files). `--train-also DIR` adds
+spec files to every fit (and to `--save`'s) without holding them out or reporting them: whether
+more training files help the held-out ones (docs/gpu_order.md, part 31).
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
 `--save FILE` then trains the prior on every file and writes it as a model file (the shipped
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
@@ -24,7 +26,7 @@ Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
            [--tree-weight W] [--diversity NAME=W,...] [--collapse-repeats] [--folds K]
-           [--per-expert CSV]
+           [--per-expert CSV] [--train-also DIR]
            [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
 25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of

@@ -669,3 +669,17 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
                           check=False)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: no expert configuration uses")
+    # `--train-also` files are in every fit (and the saved one) but never held out or reported.
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "flux_tileandfuse_2025.mlir").write_text(
+        (FIXTURES / "flux_tileandfuse_2025.mlir").read_text())
+    proc = subprocess.run([*command, "--train-also", str(extra), "--per-expert",
+                           str(tmp_path / "experts2.csv"), "--save", str(tmp_path / "prior2.json")],
+                          cwd=root, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    reported = pd.read_csv(tmp_path / "experts2.csv")
+    assert set(reported["file"]) == {"sdxl_2024.mlir", "sdxl_2024_copy.mlir",
+                                     "unet_fp16_vectordistribute.mlir"}
+    saved = load_cost_model(tmp_path / "prior2.json")
+    assert "flux_tileandfuse_2025.mlir" in saved.metadata["training_data"]["spec_files"]
