@@ -1,8 +1,9 @@
 """Where do expert-tuned GPU configurations land in a candidate order?
 
-For every matcher of every tuning spec in a directory (see `dispatchtune.datasets.expert_specs`),
-rebuild the dispatch, enumerate its space on the GPU the file was tuned for (`file_architecture`:
-gfx942 unless the file's name or intrinsics say gfx950, gfx90a or gfx908), find the expert
+For every matcher of every tuning spec in a directory, or of one spec file (see
+`dispatchtune.datasets.expert_specs`), rebuild the dispatch, enumerate its space on the GPU the
+file was tuned for (`file_architecture`: gfx942 unless the file's name or intrinsics say
+gfx950, gfx90a or gfx908), find the expert
 configuration by meaning (pipeline, intrinsic, workgroup tiles, K tile, subgroup counts,
 workgroup threads) and report its position in each order: the expected position over tie-breaks
 (1 + candidates scored higher + half the other candidates scored equal), position / N, or which
@@ -533,18 +534,30 @@ def _plot(frame: pd.DataFrame, orders: Sequence[str], path: Path) -> None:
 
     placed = frame[frame["status"] == "in space"]
     fig, ax = plt.subplots(figsize=(7, 4))
+    lowest = 1e-3
     for order in orders:
         if f"{order}_fraction" not in placed:
             continue  # no expert in any space: nothing to plot
         values = np.sort(placed[f"{order}_fraction"].to_numpy())
         if len(values):
-            ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post", label=order)
+            # The share of experts at or before each position, from 0 before the first to 1 at
+            # the end of the order (a single expert is then a visible step too).
+            shares = np.arange(len(values) + 2) / len(values)
+            ax.step(np.concatenate([values[:1], values, [1.0]]), np.minimum(shares, 1.0),
+                    where="post", label=order)
+            lowest = min(lowest, float(values[0]))
     ax.set_xscale("log")
+    ax.set_xlim(lowest / 2, 1.0)  # one expert alone would give matplotlib an empty range
+    ax.set_ylim(0, 1.02)
     ax.axvline(0.01, color="grey", lw=0.5)
     ax.axvline(0.05, color="grey", lw=0.5)
     ax.set_xlabel("expert position / N (log)")
     ax.set_ylabel("share of expert configurations")
-    ax.legend()
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend()
+    else:
+        ax.text(0.5, 0.5, "no expert configuration in its space", transform=ax.transAxes,
+                ha="center")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -552,7 +565,8 @@ def _plot(frame: pd.DataFrame, orders: Sequence[str], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("specs", type=Path, help="directory of tuning spec .mlir files")
+    parser.add_argument("specs", type=Path,
+                        help="directory of tuning spec .mlir files, or one spec file")
     parser.add_argument("--output-dir", "-o", type=Path, required=True)
     parser.add_argument("--orders", default="model,heuristic,random",
                         help="`model` is the installed gfx942 prior, the order `tune` uses there")

@@ -315,6 +315,9 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     data = load(args.specs, args.cache, args.heuristic_filters)
     extra = [d for directory in args.train_also
              for d in load(directory, args.cache, args.heuristic_filters)]
+    if not data:
+        raise InputError(f"no expert configuration of {args.specs} is inside its space "
+                         "(benchmarks/expert_order.py says why each is not)")
     reported = len(data)
     data += extra
     files = np.array([d[0] for d in data])
@@ -332,6 +335,9 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
         tested = np.isin(files, held) & (np.arange(len(data)) < reported)
         # An expert another file repeats (same dispatch, same configuration) is held out too.
         train = ~tested & ~np.isin(identities, identities[tested])
+        if not train.any():
+            raise InputError(f"holding out {', '.join(held)} leaves no expert configuration to "
+                             "train on (the other files' experts, if any, are copies of its own)")
         training = [d for d, t in zip(data, train, strict=True) if t]
         if args.grid:
             chosen = int(np.argmin(np.median(grid[:, train], axis=1)))

@@ -227,6 +227,7 @@ def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
     (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
     assert str(row["features_for"]).startswith("gfx950") and row["status"] == "in space"
     assert row["expert_intrinsic"] == "MFMA_F32_16x16x32_BF16"
+    row_position = row["model_position"]
     # Forced onto gfx90a, which lacks that intrinsic: no expert in any space, still a report.
     proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "gfx90a"), "--target", "gfx90a",
                          "--orders", "model", "--cache", str(tmp_path / "c"))
@@ -234,6 +235,16 @@ def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
     (row,) = pd.read_csv(tmp_path / "gfx90a" / "positions.csv").to_dict("records")
     assert row["status"] == "not in space" and str(row["excluded_by"]).startswith("intrinsic=")
     assert (tmp_path / "gfx90a" / "positions.png").exists()
+    # One spec file named instead of a directory: the same report, without warnings.
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-W", "error::UserWarning",
+                           "benchmarks/expert_order.py", str(tmp_path / "specs" / name), "-o",
+                           str(tmp_path / "one"), "--no-heuristic-filters", "--orders",
+                           "model,heuristic", "--cache", str(tmp_path / "c")],
+                          cwd=root, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "Warning" not in proc.stderr, proc.stderr[-2000:]
+    (one,) = pd.read_csv(tmp_path / "one" / "positions.csv").to_dict("records")
+    assert one["status"] == "in space" and one["model_position"] == row_position
 
 
 def test_iree_default_attention_config_is_read_over_its_collapsed_batch() -> None:

@@ -599,6 +599,25 @@ def test_lofo_folds_deal_sorted_files_in_turn_and_refuse_one_fold(
         assert option in err and "Traceback" not in err
 
 
+def test_lofo_refuses_spec_sets_it_cannot_hold_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line and status 1, not a report of nans or a traceback: a set whose experts are all
+    outside their spaces (here, unreadable), and one file alone (nothing left to train on)."""
+    from dispatchtune.benchmarks.expert_order_lofo import main
+
+    (tmp_path / "garbage.mlir").write_bytes(b"\x00\x01 not MLIR")
+    assert main([str(tmp_path), "--cache", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: no expert configuration of {tmp_path} is inside its space "
+                   "(benchmarks/expert_order.py says why each is not)"]
+    name = "sdxl_2024.mlir"
+    (tmp_path / name).write_text((FIXTURES / name).read_text())
+    assert main([str(tmp_path / name), "--cache", str(tmp_path / "c"), "--no-heuristic-filters",
+                 "--priors", "prior_interleaved", "--pipeline-rankers"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: holding out {name} leaves no expert configuration")
+
+
 def test_lofo_refuses_unwritable_outputs_before_fitting(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--per-expert` and `--save` paths that cannot be written end the script at once with one

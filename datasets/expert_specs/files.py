@@ -231,10 +231,11 @@ def skip_reasons(entries: Iterable[ExpertEntry]) -> Counter[str]:
 
 
 def load_spec_dir(directory: str | Path) -> list[ExpertEntry]:
-    """Every expert entry of every `*.mlir` spec file in a directory (sorted by file name); a file
-    that cannot be read at all is one skipped entry (matcher `*`), not an error."""
+    """Every expert entry of every `*.mlir` spec file in a directory (sorted by file name), or of
+    one spec file; a file that cannot be read at all is one skipped entry (matcher `*`), not an
+    error."""
     directory = Path(directory)
-    files = sorted(directory.glob("*.mlir"))
+    files = [directory] if directory.is_file() else sorted(directory.glob("*.mlir"))
     if not files:
         raise InputError(f"no .mlir tuning specs in {directory}")
     entries = []
