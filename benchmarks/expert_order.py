@@ -2,15 +2,15 @@
 
 For every matcher of every tuning spec in a directory, or of one spec file (see
 `dispatchtune.datasets.expert_specs`), rebuild the dispatch, enumerate its space on the GPU the
-file was tuned for (`file_architecture`: gfx942 unless the file's name or intrinsics say
-gfx950, gfx90a or gfx908), find the expert
-configuration by meaning (pipeline, intrinsic, workgroup tiles, K tile, subgroup counts,
-workgroup threads) and report its position in each order: the expected position over tie-breaks
-(1 + candidates scored higher + half the other candidates scored equal), position / N, or which
-attribute leaves it out of the space and which of IREE's constraints exclude it
-(`search.gpu_space.violated_constraints`). IREE's own default configuration of each dispatch (what
-`iree-compile` applies without a spec) is found the same way and placed in each order, for
-comparison. Enumerations and defaults are cached (pickled candidate tables, JSON) in --cache.
+file was tuned for (`file_architecture`: gfx942 unless the file's name or intrinsics say gfx950,
+gfx90a or gfx908), find the expert configuration by meaning (pipeline, intrinsic, workgroup
+tiles, K tile, subgroup counts, workgroup threads) and report its position in each order: the
+expected position over tie-breaks (1 + candidates scored higher + half the other candidates
+scored equal), position / N, or which attribute leaves it out of the space and which of IREE's
+constraints exclude it (`search.gpu_space.violated_constraints`). IREE's own default
+configuration of each dispatch (what `iree-compile` applies without a spec) is found the same way
+and placed in each order, for comparison. Enumerations and defaults are cached (pickled
+candidate tables, JSON) in --cache.
 
 `--target` enumerates, featurises and compiles the defaults for one GPU for every file (`gfx950`,
 `gfx90a`, ...): how an order trained on gfx942 transfers to an architecture without expert files,

@@ -313,13 +313,12 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     """The held-out fits of `priors` and the report for `main`'s parsed `args` (then `--save`'s
     fit)."""
     data = load(args.specs, args.cache, args.heuristic_filters)
-    extra = [d for directory in args.train_also
-             for d in load(directory, args.cache, args.heuristic_filters)]
     if not data:
         raise InputError(f"no expert configuration of {args.specs} is inside its space "
                          "(benchmarks/expert_order.py says why each is not)")
     reported = len(data)
-    data += extra
+    data += [d for directory in args.train_also
+             for d in load(directory, args.cache, args.heuristic_filters)]
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
     identities = np.array([d[6] for d in data])
@@ -412,7 +411,8 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "diversity": args.diversity,
                               "default_closeness": args.default_closeness,
                               "collapse_repeats": args.collapse_repeats,
-                              "iree_default_weak_positives": defaults if weak else 0,
+                              "iree_default_weak_positives":
+                                  sum(int(d[5].any()) for d in trained) if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out" if all(len(g) == 1 for g in held_out_sets)
             else f"held_out_in_{len(held_out_sets)}_file_folds": held_out,
