@@ -188,12 +188,12 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
               pipeline_terms: bool = False, pipeline_rankers: bool = False,
               tree_weight: float = 0.0, collapse_repeats: bool = False,
               diversity: dict[str, float] | None = None,
-              default_closeness: dict[str, float] | None = None) -> PairwiseModel:
-    """The prior fit on `data`; `pipeline_rankers`: with a ranker of its own per pipeline;
-    `tree_weight`: each ranker blended with LambdaRank trees; `collapse_repeats`: on one copy of
-    each repeated expert (`one_per_repeat`); `diversity`: each ranker's order spread over
-    candidate families (`pairwise.diversified`); `default_closeness`: rows that share knobs with
-    IREE's default moved up, per op kind (`pairwise.towards_default`)."""
+              default_closeness: dict[str, float] | None = None, seed: int = 0) -> PairwiseModel:
+    """The prior fit on `data` (`seed`: its pair and tree-row draws); `pipeline_rankers`: with a
+    ranker of its own per pipeline; `tree_weight`: each ranker blended with LambdaRank trees;
+    `collapse_repeats`: on one copy of each repeated expert (`one_per_repeat`); `diversity`: each
+    ranker's order spread over candidate families (`pairwise.diversified`); `default_closeness`:
+    rows that share knobs with IREE's default moved up, per op kind (`pairwise.towards_default`)."""
     if collapse_repeats:
         data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
@@ -203,7 +203,8 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
                           pipeline_rankers=PIPELINES if pipeline_rankers else (),
                           tree_weight=tree_weight if pipeline_rankers else 0.0,
                           diversity=diversity if pipeline_rankers else None,
-                          default_closeness=default_closeness if pipeline_rankers else None)
+                          default_closeness=default_closeness if pipeline_rankers else None,
+                          seed=seed)
     return model.fit(features, labels, groups, table)
 
 
@@ -284,6 +285,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--folds", type=int, default=0, metavar="K",
                         help="hold the files out K groups at a time (sorted names dealt in turn) "
                         "instead of one at a time (0); fewer fits on many files")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the prior's random pair and tree-row draws (runs with other "
+                        "seeds show how much of a difference between two recipes is chance)")
     parser.add_argument("--per-expert", type=Path, metavar="CSV",
                         help="also write each expert's held-out position / N per order here")
     parser.add_argument("--priors", default=",".join(PRIORS),
@@ -347,7 +351,8 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
                                   tree_weight=args.tree_weight, diversity=args.diversity,
                                   default_closeness=args.default_closeness,
-                                  collapse_repeats=args.collapse_repeats, **PRIOR_SETTINGS[name])
+                                  collapse_repeats=args.collapse_repeats, seed=args.seed,
+                                  **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)
@@ -390,7 +395,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(trained, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
                           args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
-                          args.collapse_repeats, args.diversity, args.default_closeness)
+                          args.collapse_repeats, args.diversity, args.default_closeness, args.seed)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -411,6 +416,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "diversity": args.diversity,
                               "default_closeness": args.default_closeness,
                               "collapse_repeats": args.collapse_repeats,
+                              "seed": args.seed,
                               "iree_default_weak_positives":
                                   sum(int(d[5].any()) for d in trained) if weak else 0,
                               "heuristic_filters": args.heuristic_filters},

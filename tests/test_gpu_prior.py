@@ -682,6 +682,7 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
     saved = load_cost_model(tmp_path / "prior.json")
     assert isinstance(saved, PairwiseModel) and set(saved.pipeline_rankers) == set(PIPELINES)
     assert saved.metadata["training_data"]["collapse_repeats"] is True
+    assert saved.metadata["training_data"]["seed"] == 0
     (specs / "flux_tileandfuse_2025.mlir").unlink()
     (specs / "implicit_gemm_convolution.mlir").unlink()
     proc = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=900,
@@ -693,7 +694,8 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
     extra.mkdir()
     (extra / "flux_tileandfuse_2025.mlir").write_text(
         (FIXTURES / "flux_tileandfuse_2025.mlir").read_text())
-    proc = subprocess.run([*command, "--train-also", str(extra), "--per-expert",
+    # `--seed` draws the prior's pairs and tree rows anew; the saved model records it.
+    proc = subprocess.run([*command, "--train-also", str(extra), "--seed", "3", "--per-expert",
                            str(tmp_path / "experts2.csv"), "--save", str(tmp_path / "prior2.json")],
                           cwd=root, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -702,3 +704,4 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
                                      "unet_fp16_vectordistribute.mlir"}
     saved = load_cost_model(tmp_path / "prior2.json")
     assert "flux_tileandfuse_2025.mlir" in saved.metadata["training_data"]["spec_files"]
+    assert saved.metadata["training_data"]["seed"] == 3 and saved.seed == 3
