@@ -359,6 +359,17 @@ def test_a_directory_with_an_unreadable_file_keeps_the_others(tmp_path: Path) ->
     bad, good = load_spec_dir(tmp_path)
     assert bad.matcher == "*" and bad.skipped.startswith("unreadable file:")
     assert good.usable
+    # A readable file without a matcher is reported too, not left out of the entries.
+    (tmp_path / "junk.mlir").write_text("not a tuning spec {{{\n")
+    (tmp_path / "library.mlir").write_text(
+        "module attributes {transform.with_named_sequence} {\n"
+        "  transform.named_sequence @helper(%op: !transform.any_op {transform.readonly}) {\n"
+        "    transform.yield\n  }\n}\n")
+    by_file = {e.file: e for e in load_spec_dir(tmp_path)}
+    assert by_file["junk.mlir"].skipped == "no tuning matcher: no transform.named_sequence"
+    assert by_file["library.mlir"].skipped == (
+        "no tuning matcher: no named sequence yields a configuration")
+    assert not by_file["junk.mlir"].usable and by_file["good.mlir"].usable
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,8 @@ def named_partitions(file: str) -> int:
 
 def load_spec_file(path: str | Path) -> list[ExpertEntry]:
     """Every matcher of one spec file, in file order: an entry with its configuration, or one
-    saying why it was skipped. Only an unreadable file raises (`InputError`)."""
+    saying why it was skipped; a file with no matcher at all is one skipped entry (matcher `*`),
+    so that it is reported rather than missing. Only an unreadable file raises (`InputError`)."""
     path = Path(path)
     try:
         raw = path.read_text(encoding="utf-8")
@@ -86,6 +87,12 @@ def load_spec_file(path: str | Path) -> list[ExpertEntry]:
             entries += _sequence_entries(path.name, name, body, helpers)
         except Exception as exc:  # a hostile file: whatever breaks, this matcher alone is skipped
             entries.append(ExpertEntry(path.name, name, skipped=f"unreadable matcher: {_reason(exc)}"))
+    if not entries:
+        # Not MLIR, a transform library without matchers, or a form no sequence of which yields
+        # a configuration: said once for the file.
+        what = ("no transform.named_sequence" if not sequences
+                else "no named sequence yields a configuration")
+        return [ExpertEntry(path.name, "*", skipped=f"no tuning matcher: {what}")]
     return _without_repeats(entries, _application_order(text))
 
 
