@@ -31,7 +31,7 @@ from dispatchtune.candidate import DECOMPOSITION_KEY, with_decomposition
 from dispatchtune.errors import DispatchTuneError, UnsupportedProblem
 from dispatchtune.problem import Problem
 from dispatchtune.search.engine import enumerate_blocking
-from dispatchtune.search.gpu_source import constraint_source, constraints_module
+from dispatchtune.search.gpu_source import collapsed_loops, constraint_source, constraints_module
 from dispatchtune.search.gpu_space import Entry, GpuSpace, constraint_ops, gpu_spaces, insert_at
 from dispatchtune.search.space import GPU_PIPELINES, CandidateSet, finish_table
 from dispatchtune.targets import Target
@@ -571,15 +571,22 @@ def iree_default_columns(problem: Problem, target: Target) -> dict[str, object] 
     """IREE's own configuration of `problem` on `target` in the candidate-table vocabulary, read
     from the configured module its constraints come with (no extra compile); None where the
     constraints are another op's (a batch matmul's batch-less equivalent, raised small loops) or
-    the configuration cannot be read (no MMA intrinsic, an attention IREE configures collapsed)."""
+    the configuration cannot be read (no MMA intrinsic).
+
+    An attention whose outer loops IREE collapses when it compiles the op alone (SDXL's batch x
+    heads) takes its constraints from the op without them: IREE's configuration of that op, with
+    a tile of 1 there, is what `iree-compile` applies to the op alone (the same columns on all 8
+    attention shapes of the public spec files: docs/gpu_order.md, part 32)."""
     from dispatchtune.candidate import configured_compilation_infos
     from dispatchtune.datasets.expert_specs import configuration_columns
 
     try:
         source, left_out = constraint_source(problem, target)
-        if source.key != problem.key or left_out:
+        collapsed = (problem.kind == "attention" and bool(left_out)
+                     and left_out == collapsed_loops(problem, target))
+        if not collapsed and (source.key != problem.key or left_out):
             return None
-        infos = configured_compilation_infos(constraints_module(problem, target))
+        infos = configured_compilation_infos(constraints_module(source, target))
         return dict(configuration_columns(infos[0], problem)) if infos and infos[0] else None
     except (DispatchTuneError, ValueError, IndexError, KeyError) as exc:
         logger.debug("IREE's default configuration of %s is not read: %s", problem.key, exc)

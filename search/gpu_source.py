@@ -9,7 +9,7 @@ gets a tile of 1 there, the tile IREE's own default batch configuration uses. Co
 an M, N or K below every intrinsic, for which IREE emits none, take the constraints of the op
 with those loops raised (`with_small_loops_raised`), pinned back to the op's sizes. Loops IREE
 collapses when it compiles the op alone but a model's dispatch keeps (an attention's batch x
-heads or query groups x sequence, a contraction's image: `_collapsed_loops`) get the same
+heads or query groups x sequence, a contraction's image: `collapsed_loops`) get the same
 treatment, so that every configuration names every loop of the op it is applied to.
 """
 
@@ -97,7 +97,7 @@ def _with_constraints(problem: Problem, target: Target) -> Problem:
 def _source_at_own_sizes(problem: Problem, target: Target) -> tuple[Problem, tuple[int, ...]]:
     """`constraint_source` before small loops are raised."""
     source: tuple[Problem, tuple[int, ...]] = (problem, ())
-    outer = _collapsed_loops(problem, target)
+    outer = collapsed_loops(problem, target)
     if outer:
         # Compiled on its own the op has those loops collapsed (IREE's dispatch formation), so
         # its template has fewer entries than the op in a model's dispatch, where they stay:
@@ -194,7 +194,7 @@ def _map_results(text: str) -> list[str]:
     return [e.strip() for e in results.split(",")] if results.strip() else []
 
 
-def _collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
+def collapsed_loops(problem: Problem, target: Target) -> tuple[int, ...]:
     """Loops of `problem` that IREE collapses into the next loop of their class when it forms a
     dispatch of the op alone, but that a model's dispatch may keep (`_collapsible_outer`: an
     attention's batch and M loops; a contraction's M and N loops when its template, unit loops

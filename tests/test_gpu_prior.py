@@ -535,6 +535,34 @@ def test_default_match_counts_the_knobs_iree_own_config_shares() -> None:
     assert (batched["default_match"] == -1).all()
 
 
+def test_default_match_of_an_attention_iree_collapses_is_its_compiled_default(
+        tmp_path: Path) -> None:
+    """An SDXL-layout attention (batch x heads, which IREE collapses when it compiles the op
+    alone) takes its constraints from the op without the batch loop; IREE's configuration of
+    that op, read from the module, is what `iree-compile` applies to the attention itself, and
+    the candidate with it scores every knob."""
+    from dispatchtune.benchmarks.expert_order import expert_mask
+    from dispatchtune.datasets.expert_specs import attention_problem, configuration_columns
+    from dispatchtune.ir.spec import applied_configs
+    from dispatchtune.search.gpu import DEFAULT_KNOBS, iree_default_columns
+    from dispatchtune.search.gpu_source import collapsed_loops, constraint_source
+
+    problem = attention_problem((2, 4, 1024, 64, 64, 1024), "f16")
+    source, left_out = constraint_source(problem, GFX942)
+    assert left_out == collapsed_loops(problem, GFX942) == (0,) and source.key != problem.key
+    default = iree_default_columns(problem, GFX942)
+    assert default is not None and default["intrinsic"] and default["pv_intrinsic"]
+    path = tmp_path / "attention.mlir"
+    path.write_text(problem.to_mlir())
+    (applied,) = applied_configs(path, GFX942, None)
+    assert dict(configuration_columns(applied, problem)) == default
+    table = enumerate_candidates(problem, GFX942).table
+    mask, _ = expert_mask(table, default)  # type: ignore[arg-type]
+    match = table["default_match"].to_numpy()
+    assert mask.sum() == 1 and match[mask][0] == len(DEFAULT_KNOBS) == match.max()
+    assert match.min() >= 0
+
+
 def test_default_closeness_moves_convolution_rows_and_round_trips(tmp_path: Path) -> None:
     """`default_closeness` is checked on construction and on load, the model file keeps it, and
     the shipped gfx942 prior moves a convolution's IREE default earlier with it (not a
