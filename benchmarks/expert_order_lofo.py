@@ -26,14 +26,15 @@ Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--
            [--no-heuristic-filters] [--hard-negatives N] [--listwise L2] [--grid]
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
            [--tree-weight W] [--diversity NAME=W,...] [--collapse-repeats] [--folds K]
-           [--per-expert CSV] [--train-also DIR]
+           [--per-expert CSV] [--train-also DIR] [--seed N] [--spare-neighbours N]
            [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
 25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of
 memory at peak): SPECS31 --cache DIR --no-heuristic-filters
 --hard-negatives 50 --listwise 0.1 --priors prior_interleaved --pipeline-rankers --tree-weight 0.1
---diversity threads=0.05,workgroup_split=0.1 --folds 4 --save costmodel/models/gfx942.json
-(`--diversity` since part 25: a prediction setting, the same fits).
+--diversity threads=0.05,workgroup_split=0.1 --default-closeness convolution=0.1
+--spare-neighbours 1 --folds 4 --save costmodel/models/gfx942.json (`--diversity` since part 25
+and `--default-closeness` since part 28: prediction settings; `--spare-neighbours` since part 33).
 """
 
 from __future__ import annotations
@@ -188,12 +189,15 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
               pipeline_terms: bool = False, pipeline_rankers: bool = False,
               tree_weight: float = 0.0, collapse_repeats: bool = False,
               diversity: dict[str, float] | None = None,
-              default_closeness: dict[str, float] | None = None, seed: int = 0) -> PairwiseModel:
+              default_closeness: dict[str, float] | None = None, seed: int = 0,
+              spare_neighbours: int = 0) -> PairwiseModel:
     """The prior fit on `data` (`seed`: its pair and tree-row draws); `pipeline_rankers`: with a
     ranker of its own per pipeline; `tree_weight`: each ranker blended with LambdaRank trees;
     `collapse_repeats`: on one copy of each repeated expert (`one_per_repeat`); `diversity`: each
     ranker's order spread over candidate families (`pairwise.diversified`); `default_closeness`:
-    rows that share knobs with IREE's default moved up, per op kind (`pairwise.towards_default`)."""
+    rows that share knobs with IREE's default moved up, per op kind (`pairwise.towards_default`);
+    `spare_neighbours`: rows that many knobs from an expert are not its negatives
+    (`pairwise.near_copies`)."""
     if collapse_repeats:
         data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
@@ -204,7 +208,7 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
                           tree_weight=tree_weight if pipeline_rankers else 0.0,
                           diversity=diversity if pipeline_rankers else None,
                           default_closeness=default_closeness if pipeline_rankers else None,
-                          seed=seed)
+                          seed=seed, spare_neighbours=spare_neighbours)
     return model.fit(features, labels, groups, table)
 
 
@@ -288,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the prior's random pair and tree-row draws (runs with other "
                         "seeds show how much of a difference between two recipes is chance)")
+    parser.add_argument("--spare-neighbours", type=int, default=0, metavar="N",
+                        help="prior: rows N or fewer configuration knobs from an expert are not "
+                        "its negatives (docs/gpu_order.md part 33)")
     parser.add_argument("--per-expert", type=Path, metavar="CSV",
                         help="also write each expert's held-out position / N per order here")
     parser.add_argument("--priors", default=",".join(PRIORS),
@@ -295,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.folds == 1 or args.folds < 0:
         parser.error("--folds takes 0 (one file at a time) or at least 2")
+    if args.spare_neighbours < 0:
+        parser.error("--spare-neighbours takes a count of knobs >= 0")
     priors = [p for p in args.priors.split(",") if p]
     if not set(priors) <= set(PRIORS):
         parser.error(f"--priors takes names of {', '.join(PRIORS)}")
@@ -352,6 +361,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                                   tree_weight=args.tree_weight, diversity=args.diversity,
                                   default_closeness=args.default_closeness,
                                   collapse_repeats=args.collapse_repeats, seed=args.seed,
+                                  spare_neighbours=args.spare_neighbours,
                                   **PRIOR_SETTINGS[name])
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
@@ -395,7 +405,8 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                 <= float(np.median(fraction["prior_nodefault"])))
         model = fit_prior(trained, weak, args.c, args.kind_terms, args.hard_negatives, args.listwise,
                           args.pipeline_terms, args.pipeline_rankers, args.tree_weight,
-                          args.collapse_repeats, args.diversity, args.default_closeness, args.seed)
+                          args.collapse_repeats, args.diversity, args.default_closeness, args.seed,
+                          args.spare_neighbours)
         command = "python benchmarks/expert_order_lofo.py " + " ".join(
             sys.argv[1:] if argv is None else argv)
         held_out = {name: {"median_position_fraction": float(np.median(v)),
@@ -417,6 +428,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "default_closeness": args.default_closeness,
                               "collapse_repeats": args.collapse_repeats,
                               "seed": args.seed,
+                              "spare_neighbours": args.spare_neighbours,
                               "iree_default_weak_positives":
                                   sum(int(d[5].any()) for d in trained) if weak else 0,
                               "heuristic_filters": args.heuristic_filters},

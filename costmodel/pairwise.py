@@ -24,7 +24,9 @@ convolutions a ranker's score is then that share of the trees' score and the res
 one (part 16). With `diversity`, each ranker's order is spread over candidate families before
 the pipelines are taken in turn: a row loses a little for every better-scored row of its family
 (same workgroup size; same workgroup tile and subgroup split), so near copies of the favourite
-stop crowding out the next family's best (`diversified`, part 25). The weight arrays are saved by
+stop crowding out the next family's best (`diversified`, part 25). With `spare_neighbours`,
+training leaves the rows one configuration knob from an expert out of its negatives
+(`near_copies`, part 33). The weight arrays are saved by
 `costmodel/modelfile.py` as the "pairwise" kind. See
 docs/gpu_order.md for how the shipped gfx942 model is trained and how it does on held-out spec
 files.
@@ -114,6 +116,16 @@ DIVERSITY_FAMILIES: dict[str, tuple[str, ...]] = {
     "threads": ("workgroup_threads",),
     "workgroup_split": ("tile_m", "tile_n", "subgroups_m", "subgroups_n"),
 }
+
+#: Candidate-table columns that make up a configuration as a spec file sets it: pipeline, tiles,
+#: intrinsics (attention has two), subgroup split and a convolution's output tiles and lowering
+#: (the workgroup size follows from the split). A row within `spare_neighbours` of these columns
+#: of an expert row is a near copy of it (`near_copies`). Wider than `search.gpu.DEFAULT_KNOBS`,
+#: which only lists what IREE's own configuration of every op kind sets.
+CONFIGURATION_COLUMNS: tuple[str, ...] = (
+    "pipeline", "tile_b", "tile_m", "tile_n", "tile_k", "intrinsic", "pv_intrinsic",
+    "subgroups_m", "subgroups_n", "tile_oh", "tile_ow", "igemm",
+)
 
 
 def _standardised(z: np.ndarray) -> np.ndarray:
@@ -286,6 +298,26 @@ def diversified(scores: np.ndarray, table: pd.DataFrame, weights: dict[str, floa
     return out
 
 
+def near_copies(labels: np.ndarray, groups: np.ndarray, table: pd.DataFrame,
+                knobs_apart: int) -> np.ndarray:
+    """Rows labelled 0 whose `CONFIGURATION_COLUMNS` (those the `table` has) differ from a
+    POSITIVE row of their group in at most `knobs_apart` columns. A column missing on both rows
+    (NaN: the tables of several op kinds concatenated) is no difference."""
+    columns = [c for c in CONFIGURATION_COLUMNS if c in table]
+    near = np.zeros(len(labels), dtype=bool)
+    for group in pd.unique(groups):
+        rows = np.flatnonzero(groups == group)
+        positive = labels[rows] >= POSITIVE
+        if not positive.any():
+            continue
+        values = table.iloc[rows][columns].to_numpy()
+        missing = pd.isna(values)
+        for expert, gone in zip(values[positive], missing[positive], strict=True):
+            apart = (values != expert) & ~(missing & gone)
+            near[rows] |= apart.sum(axis=1) <= knobs_apart
+    return near & (labels == 0)
+
+
 def _unit(w: np.ndarray) -> np.ndarray:
     norm = float(np.linalg.norm(w))
     return w / norm if norm > 0 else w
@@ -301,11 +333,13 @@ class PairwiseModel(CostModel):
                  listwise: float = 0.0, pipeline_terms: bool = False,
                  pipeline_rankers: Sequence[str] = (), tree_weight: float = 0.0,
                  diversity: dict[str, float] | None = None,
-                 default_closeness: dict[str, float] | None = None) -> None:
+                 default_closeness: dict[str, float] | None = None,
+                 spare_neighbours: int = 0) -> None:
         if not (c > 0 and pairs > 0 and weak_weight >= 0 and hard_negatives >= 0
-                and listwise >= 0 and 0 <= tree_weight <= 1):
+                and listwise >= 0 and 0 <= tree_weight <= 1 and spare_neighbours >= 0):
             raise InputError("pairwise model needs c > 0, pairs > 0, weak_weight >= 0, "
-                             "hard_negatives >= 0, listwise >= 0 and 0 <= tree_weight <= 1")
+                             "hard_negatives >= 0, listwise >= 0, 0 <= tree_weight <= 1 and "
+                             "spare_neighbours >= 0")
         unknown = [name for name in pipeline_rankers if name not in PIPELINES]
         if unknown or len(set(pipeline_rankers)) != len(pipeline_rankers):
             raise InputError(f"pipeline_rankers take distinct names of {', '.join(PIPELINES)}")
@@ -320,6 +354,7 @@ class PairwiseModel(CostModel):
         # Training settings, not prediction ones: kept out of the stored params.
         self.hard_negatives = int(hard_negatives)
         self.listwise = float(listwise)
+        self.spare_neighbours = int(spare_neighbours)
         self.params: dict[str, Any] = {"c": float(c), "pairs": int(pairs),
                                        "weak_weight": float(weak_weight)}
         # Only stored when set: model files without them keep loading.
@@ -386,12 +421,23 @@ class PairwiseModel(CostModel):
         weight array as before; held out this helps: docs/gpu_order.md, part 7). Each of
         `pipeline_rankers` is then fit the same way on the groups whose POSITIVE row has that
         pipeline, on their rows of that pipeline only (the `table` is needed), and with
-        `tree_weight` > 0 gets LambdaRank trees fit on the same rows (`_fit_trees`)."""
+        `tree_weight` > 0 gets LambdaRank trees fit on the same rows (`_fit_trees`). With
+        `spare_neighbours` = n > 0, the rows n or fewer configuration knobs away from a positive
+        (`near_copies`, from the `table`) are left out of every fit but the shared basis's
+        standardisation: spec files disagree one knob
+        at a time, so such rows are no evidence against the expert, and as the first fit's
+        top-scored lower rows they would make most of the hard negatives (held out this helps:
+        docs/gpu_order.md, part 33)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
         if y.shape != (len(features),) or g.shape != y.shape:
             raise InputError("pairwise fit needs one label and one group per feature row")
+        if self.spare_neighbours and table is None:
+            raise InputError("spare_neighbours needs the candidate table (its knob columns)")
+        # Rows no fit sees (flagged, not dropped: a copy of 6 million rows would not fit).
+        spared = (near_copies(y, g, table, self.spare_neighbours) if self.spare_neighbours
+                  and table is not None else np.zeros(len(y), dtype=bool))
         z = np.zeros((len(y), len(basis_names(self.kind_terms, self.pipeline_terms))))
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
@@ -402,7 +448,7 @@ class PairwiseModel(CostModel):
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
             for row in rows[y[rows] > 0]:
-                lower = rows[y[rows] < y[row]]
+                lower = rows[(y[rows] < y[row]) & ~spared[rows]]
                 if not len(lower):
                     continue
                 pick = rng.choice(lower, min(self.params["pairs"], len(lower)), replace=False)
@@ -417,7 +463,7 @@ class PairwiseModel(CostModel):
             for group in pd.unique(g):
                 rows = np.flatnonzero(g == group)
                 for row in rows[y[rows] > 0]:
-                    lower = rows[y[rows] < y[row]]
+                    lower = rows[(y[rows] < y[row]) & ~spared[rows]]
                     top = lower[np.argsort(-scores[lower], kind="stable")[: self.hard_negatives]]
                     diffs.append(z[row] - z[top])
                     share = 1.0 if y[row] >= POSITIVE else self.params["weak_weight"]
@@ -425,32 +471,34 @@ class PairwiseModel(CostModel):
             self.weights = self._fit_pairs(diffs, weights)
         self.training_rows = sum(len(d) for d in diffs)
         if self.listwise:
-            listwise = self._fit_listwise(z, y, g)
+            listwise = self._fit_listwise(z[~spared], y[~spared], g[~spared])
             # Equal parts of the two directions (a linear score's scale does not change an order).
             self.weights = 0.5 * (_unit(self.weights) + _unit(listwise))
         # The shared basis and pairs are done with: free them before the rankers build their own
         # (31 spec files' spaces hold 6 million rows).
         del z, diffs, weights
-        self.rankers = {name: self._fit_ranker(name, features, y, g, table)
+        self.rankers = {name: self._fit_ranker(name, features, y, g, table, spared)
                         for name in self.pipeline_rankers}
         return self
 
     @staticmethod
-    def _own_rows(name: str, y: np.ndarray, g: np.ndarray,
-                  table: pd.DataFrame | None) -> np.ndarray:
-        """Rows of pipeline `name` in the groups whose POSITIVE row has that pipeline."""
+    def _own_rows(name: str, y: np.ndarray, g: np.ndarray, table: pd.DataFrame | None,
+                  spared: np.ndarray) -> np.ndarray:
+        """Rows of pipeline `name` in the groups whose POSITIVE row has that pipeline, but for the
+        `spared` ones."""
         if table is None or "pipeline" not in table:
             raise InputError("pipeline rankers need the candidate table's pipeline column")
         pipeline = table["pipeline"].astype(str).to_numpy()
         own = np.isin(g, pd.unique(g[(y >= POSITIVE) & (pipeline == name)])) & (pipeline == name)
         if not own.any():
             raise InputError(f"no expert configuration uses {name}: its ranker cannot be fit")
-        return np.flatnonzero(own)
+        return np.flatnonzero(own & ~spared)
 
     def _fit_ranker(self, name: str, features: pd.DataFrame, y: np.ndarray, g: np.ndarray,
-                    table: pd.DataFrame | None) -> np.ndarray:
-        """Weights of the ranker of pipeline `name` (see `fit`); its trees too (`tree_weight`)."""
-        rows = self._own_rows(name, y, g, table)
+                    table: pd.DataFrame | None, spared: np.ndarray) -> np.ndarray:
+        """Weights of the ranker of pipeline `name` (see `fit`; not on the `spared` rows); its
+        trees too (`tree_weight`)."""
+        rows = self._own_rows(name, y, g, table, spared)
         assert table is not None
         ranker = PairwiseModel(self.params["c"], self.params["pairs"], self.params["weak_weight"],
                                self.seed, hard_negatives=self.hard_negatives,

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from dispatchtune.costmodel.pairwise import (
     basis_names,
     diversified,
     interleave,
+    near_copies,
     towards_default,
 )
 from dispatchtune.costmodel.rank import rank
@@ -215,6 +217,57 @@ def test_hard_negatives_refit_keeps_the_positive_on_top_and_loads(tmp_path: Path
     assert np.array_equal(loaded.predict(features), hard.predict(features))
     with pytest.raises(InputError, match="hard_negatives >= 0"):
         PairwiseModel(hard_negatives=-1)
+
+
+def test_near_copies_are_the_rows_a_few_knobs_from_an_expert() -> None:
+    """A row is a near copy of its group's expert when at most n configuration columns differ;
+    the expert itself, and a group without one, have none."""
+    cands = _small()
+    table = cands.table
+    _, labels, groups = _one_expert()
+    expert = table.iloc[int(np.flatnonzero(labels)[0])]
+    columns = ["pipeline", "tile_m", "tile_n", "tile_k", "intrinsic", "subgroups_m", "subgroups_n"]
+    apart = (table[columns] != expert[columns]).sum(axis=1).to_numpy()
+    one, two = near_copies(labels, groups, table, 1), near_copies(labels, groups, table, 2)
+    assert one.any() and (one == ((apart <= 1) & (labels == 0))).all()
+    assert (two == ((apart <= 2) & (labels == 0))).all() and two.sum() > one.sum()
+    assert not one[labels > 0].any()
+    assert not near_copies(np.zeros(len(labels)), groups, table, 1).any()
+    # Beside another op kind's table (a column this one lacks is NaN here), nothing changes.
+    other = table.assign(pv_intrinsic="MFMA_F32_32x32x8_F16")
+    both = pd.concat([table, other], ignore_index=True)
+    twice = near_copies(np.concatenate([labels, labels]), np.repeat([0, 1], len(labels)), both, 1)
+    assert (twice == np.concatenate([one, one])).all()
+
+
+def test_spare_neighbours_fits_as_if_the_near_copies_were_not_there(tmp_path: Path) -> None:
+    """With `spare_neighbours` the pipeline rankers are the ones fit on the space without the
+    expert's near copies; the setting is training-only, and refused below 0 or without a table."""
+    cands, features, labels, groups, fused = _tileandfuse_expert()
+    table = cands.table
+    settings: dict[str, Any] = {"c": 1.0, "hard_negatives": 20, "listwise": 0.1,
+                "pipeline_rankers": ["TileAndFuse"], "tree_weight": 0.2}
+    spared = PairwiseModel(**settings, spare_neighbours=1).fit(features, labels, groups, table)
+    keep = np.flatnonzero(~near_copies(labels, groups, table, 1))
+    assert len(keep) < len(labels)
+    dropped = PairwiseModel(**settings).fit(features.iloc[keep], labels[keep], groups[keep],
+                                            table.iloc[keep])
+    plain = PairwiseModel(**settings).fit(features, labels, groups, table)
+    assert np.array_equal(spared.rankers["TileAndFuse"], dropped.rankers["TileAndFuse"])
+    assert not np.array_equal(spared.rankers["TileAndFuse"], plain.rankers["TileAndFuse"])
+    rows = np.isin(np.arange(len(labels)), fused)
+    assert np.array_equal(spared.predict_candidates(features[rows], table[rows]),
+                          dropped.predict_candidates(features[rows], table[rows]))
+    order = np.argsort(-spared.predict_candidates(features, table), kind="stable")
+    assert int(np.flatnonzero(order == np.flatnonzero(labels)[0])[0]) < 0.05 * len(order)
+    assert "spare_neighbours" not in spared.params
+    loaded = load_cost_model(save_model(spared, tmp_path / "spared.json", {}))
+    assert np.array_equal(loaded.predict_candidates(features, table),
+                          spared.predict_candidates(features, table))
+    with pytest.raises(InputError, match="spare_neighbours >= 0"):
+        PairwiseModel(spare_neighbours=-1)
+    with pytest.raises(InputError, match="needs the candidate table"):
+        PairwiseModel(spare_neighbours=1).fit(features, labels, groups)
 
 
 def test_basis_weighs_the_intrinsic_in_three_columns_and_the_shipped_model_matches() -> None:
@@ -722,8 +775,10 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
     extra.mkdir()
     (extra / "flux_tileandfuse_2025.mlir").write_text(
         (FIXTURES / "flux_tileandfuse_2025.mlir").read_text())
-    # `--seed` draws the prior's pairs and tree rows anew; the saved model records it.
-    proc = subprocess.run([*command, "--train-also", str(extra), "--seed", "3", "--per-expert",
+    # `--seed` draws the prior's pairs and tree rows anew, `--spare-neighbours` leaves an
+    # expert's near copies out of its negatives; the saved model records both.
+    proc = subprocess.run([*command, "--train-also", str(extra), "--seed", "3",
+                           "--spare-neighbours", "1", "--per-expert",
                            str(tmp_path / "experts2.csv"), "--save", str(tmp_path / "prior2.json")],
                           cwd=root, capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -733,3 +788,4 @@ def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_pat
     saved = load_cost_model(tmp_path / "prior2.json")
     assert "flux_tileandfuse_2025.mlir" in saved.metadata["training_data"]["spec_files"]
     assert saved.metadata["training_data"]["seed"] == 3 and saved.seed == 3
+    assert saved.metadata["training_data"]["spare_neighbours"] == 1
