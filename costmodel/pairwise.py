@@ -424,20 +424,20 @@ class PairwiseModel(CostModel):
         `tree_weight` > 0 gets LambdaRank trees fit on the same rows (`_fit_trees`). With
         `spare_neighbours` = n > 0, the rows n or fewer configuration knobs away from a positive
         (`near_copies`, from the `table`) are left out of every fit but the shared basis's
-        standardisation: spec files disagree one knob
-        at a time, so such rows are no evidence against the expert, and as the first fit's
-        top-scored lower rows they would make most of the hard negatives (held out this helps:
-        docs/gpu_order.md, part 33)."""
+        standardisation: spec files disagree one knob at a time, so such rows are no evidence
+        against the expert, and sharing most of its features they score close to it, where the
+        hard negatives are drawn (held out this helps: docs/gpu_order.md, part 33)."""
 
         y = np.asarray(labels, dtype=np.float64)
         g = np.asarray(groups if groups is not None else np.zeros(len(y)))
         if y.shape != (len(features),) or g.shape != y.shape:
             raise InputError("pairwise fit needs one label and one group per feature row")
-        if self.spare_neighbours and table is None:
-            raise InputError("spare_neighbours needs the candidate table (its knob columns)")
         # Rows no fit sees (flagged, not dropped: a copy of 6 million rows would not fit).
-        spared = (near_copies(y, g, table, self.spare_neighbours) if self.spare_neighbours
-                  and table is not None else np.zeros(len(y), dtype=bool))
+        spared = np.zeros(len(y), dtype=bool)
+        if self.spare_neighbours:
+            if table is None:
+                raise InputError("spare_neighbours needs the candidate table (its knob columns)")
+            spared = near_copies(y, g, table, self.spare_neighbours)
         z = np.zeros((len(y), len(basis_names(self.kind_terms, self.pipeline_terms))))
         for group in pd.unique(g):
             rows = np.flatnonzero(g == group)
