@@ -2,8 +2,8 @@
 
 For every matcher of every tuning spec in a directory, or of one spec file (see
 `dispatchtune.datasets.expert_specs`), rebuild the dispatch, enumerate its space on the GPU the
-file was tuned for (`file_architecture`: gfx942 unless the file's name or intrinsics say gfx950,
-gfx90a or gfx908), find the expert configuration by meaning (pipeline, intrinsic, workgroup
+file was tuned for (`file_architecture`: gfx942 unless the file's name or intrinsics say another
+CDNA or an RDNA GPU), find the expert configuration by meaning (pipeline, intrinsic, workgroup
 tiles, K tile, subgroup counts, workgroup threads) and report its position in each order: the
 expected position over tie-breaks (1 + candidates scored higher + half the other candidates
 scored equal), position / N, or which attribute leaves it out of the space and which of IREE's
@@ -41,6 +41,7 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     gemm_classes,
     load_spec_dir,
+    named_architecture,
     named_partitions,
     named_product,
 )
@@ -96,23 +97,24 @@ def feature_target(file: str, enumerated: str = TARGET) -> Target:
         description=f"{target.name}, 1 of {partitions} compute partitions ({compute_units} CUs)")
 
 
-#: Architectures a spec file may be tuned for, in the order `file_architecture` tries them.
-ARCHITECTURES = ("gfx942", "gfx950", "gfx90a", "gfx908")
+#: Architectures a spec file may be tuned for, in the order `file_architecture` tries them:
+#: CDNA (MFMA) first, the Instinct GPUs the shared files were tuned on, then RDNA (WMMA).
+ARCHITECTURES = ("gfx942", "gfx950", "gfx90a", "gfx908", "gfx1100", "gfx1201", "gfx1250")
 
 
 def file_architecture(file: str, entries: Sequence[ExpertEntry]) -> str:
     """The GPU architecture a spec file was tuned for: that of the product its name states
-    (`..._mi355x.mlir`: gfx950), else the first of `ARCHITECTURES` whose IREE intrinsics hold
-    every intrinsic its experts use (gfx942 when none does). A gfx950 file enumerated on gfx942
-    would find its double-K intrinsics outside the space."""
+    (`..._mi355x.mlir`: gfx950; `..._rx7900xtx.mlir`: gfx1100), else the architecture it names
+    (`..._gfx1201.mlir`), else the first of `ARCHITECTURES` whose IREE intrinsics hold every
+    intrinsic its experts use (gfx942 when none does). A gfx950 file enumerated on gfx942 would
+    find its double-K intrinsics outside the space, an RDNA file every expert."""
     from dispatchtune.errors import TargetError
 
-    product = named_product(file)
-    if product is not None:
+    for name in (named_product(file), named_architecture(file)):
+        if name is None:
+            continue
         try:
-            arch = get_target(product).gpu_facts().arch
-            if arch in ARCHITECTURES:
-                return arch
+            return get_target(name).gpu_facts().arch
         except TargetError:
             pass  # a name IREE does not know: read the intrinsics
     used = {name for entry in entries if entry.file == file and entry.config is not None
@@ -576,9 +578,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="enumerate the whole valid space (without IREE's heuristic filters)")
     parser.add_argument("--target", default=None,
                         help="GPU to enumerate, featurise and take IREE's defaults for (default: "
-                        "the architecture each file was tuned for: the product its name states, "
-                        "else the first of gfx942, gfx950, gfx90a, gfx908 that has its "
-                        "intrinsics); `model` stays the gfx942 prior")
+                        "the architecture each file was tuned for: the product or architecture "
+                        "its name states, else the first of " + ", ".join(ARCHITECTURES)
+                        + " that has its intrinsics); `model` stays the gfx942 prior")
     parser.add_argument("--waves-per-eu", type=lambda t: tuple(int(v) for v in t.split(",")),
                         default=(), help="also enumerate amdgpu-waves-per-eu (e.g. 0,1,2,4) and "
                         "match the expert's value (0 = not set)")

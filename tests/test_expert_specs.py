@@ -15,6 +15,7 @@ from dispatchtune.datasets.expert_specs import (
     expert_columns,
     load_spec_dir,
     load_spec_file,
+    named_architecture,
     named_partitions,
     named_product,
 )
@@ -70,6 +71,13 @@ def test_2024_syntax_mapped_by_meaning() -> None:
     assert current_intrinsic("MFMA_F16_16x16x16_F32") == "MFMA_F32_16x16x16_F16"
     assert current_intrinsic("MFMA_I8_32x32x16_I32") == "MFMA_I32_32x32x16_I8"
     assert current_intrinsic("MFMA_F32_16x16x16_F16") == "MFMA_F32_16x16x16_F16"
+    # RDNA3's WMMA in both older spellings is 3.13's WMMAR3; gfx1250's WMMA (16x16x32) and
+    # RDNA4's WMMAR4 keep their names.
+    assert current_intrinsic("WMMA_F16_16x16x16_F32") == "WMMAR3_F32_16x16x16_F16"
+    assert current_intrinsic("WMMA_F32_16x16x16_F16") == "WMMAR3_F32_16x16x16_F16"
+    assert current_intrinsic("WMMA_I32_16x16x16_I8") == "WMMAR3_I32_16x16x16_I8"
+    assert current_intrinsic("WMMA_F32_16x16x32_F16") == "WMMA_F32_16x16x32_F16"
+    assert current_intrinsic("WMMAR4_F32_16x16x16_F16") == "WMMAR4_F32_16x16x16_F16"
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / "sdxl_2024.mlir")}
     assert "match_mmt_f16_f16_f32" not in entries  # a helper matcher without a configuration
     mmt = entries["match_mmt_8192x640x640"]  # shapes from cast_compatible_type + the helper
@@ -207,6 +215,30 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().startswith("error: IREE cannot compile for gfx9999")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_an_rdna3_spec_file_is_enumerated_on_gfx1100(tmp_path: Path) -> None:
+    """A file whose expert uses RDNA3's WMMA (under its early-2025 name) is enumerated and
+    featurised on gfx1100, where its expert is a candidate; so is a file whose name states a
+    Radeon product or an architecture."""
+    from dispatchtune.benchmarks.expert_order import file_architecture
+
+    name = "rdna3_wmma_matmul.mlir"
+    entries = load_spec_file(FIXTURES / name)
+    assert entries[0].config is not None
+    assert entries[0].config.intrinsic == "WMMAR3_F32_16x16x16_F16"
+    assert file_architecture(name, entries) == "gfx1100"
+    assert file_architecture("unet_rx7900xtx.mlir", []) == "gfx1100"
+    assert file_architecture("unet_r9700.mlir", []) == "gfx1201"
+    assert file_architecture("attention_and_matmul_spec_gfx1201.mlir", []) == "gfx1201"
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "out"), "--no-heuristic-filters",
+                         "--orders", "heuristic", "--cache", str(tmp_path / "c"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = pd.read_csv(tmp_path / "out" / "positions.csv").to_dict("records")
+    assert str(row["features_for"]).startswith("gfx1100") and row["status"] == "in space"
+    assert (row["expert_intrinsic"], row["expert_workgroup_threads"]) == (
+        "WMMAR3_F32_16x16x16_F16", 128)
+    assert 1 <= row["heuristic_position"] <= row["n"]
 
 
 def test_a_gfx950_spec_file_is_enumerated_on_gfx950(tmp_path: Path) -> None:
@@ -464,9 +496,25 @@ def test_a_shape_free_attention_matcher_keeps_its_own_layout() -> None:
     ("punet-int8-mi325x.mlir", "rocm:mi325x"),
     ("sdxl_scripts_fp16_2024.mlir", None),
     ("semi3000.mlir", None),
+    ("sdxl_unet_rx7900xtx.mlir", "rocm:rx7900xtx"),
+    ("spec-w7900-fp16.mlir", "rocm:w7900"),
+    ("punet_r9700.mlir", "rocm:r9700"),
+    ("rx7900_tuning.mlir", "rocm:rx7900"),  # IREE's to accept or refuse
+    ("sdxl_scripts_int8_2024_gfx942.mlir", None),
 ])
 def test_the_product_a_spec_file_names(file: str, product: str | None) -> None:
     assert named_product(file) == product
+
+
+@pytest.mark.parametrize(("file", "architecture"), [
+    ("sdxl_scripts_int8_gfx942_qpx_MI325.mlir", "gfx942"),
+    ("attention_and_matmul_spec_gfx1100.mlir", "gfx1100"),
+    ("gfx90a-unet.mlir", "gfx90a"),
+    ("gfx9.mlir", None),
+    ("agfx942.mlir", None),
+])
+def test_the_architecture_a_spec_file_names(file: str, architecture: str | None) -> None:
+    assert named_architecture(file) == architecture
 
 
 def test_experts_of_a_named_product_are_featurised_with_its_compute_units() -> None:

@@ -29,8 +29,9 @@ one configuration (attention in both forms) counts it once. Matchers the project
 
 A dispatch two matchers of a file match gets the configuration of the first in the file's
 `foreach_match` order, as in IREE; the other is skipped as shadowed. A file's name may state the
-product and compute-partition mode it was tuned on (`named_product`, `named_partitions`: `_mi308`,
-`_qpx`), which per-CU features need.
+product, architecture and compute-partition mode it was tuned on (`named_product`,
+`named_architecture`, `named_partitions`: `_mi308`, `_gfx1100`, `_qpx`), which the choice of
+space and the per-CU features need.
 
 Spec files are read as a hostile reader would: text only (nothing is executed), `//` comments
 dropped, every matcher (a named sequence that yields a configuration) either becomes an entry or
@@ -57,6 +58,7 @@ from dispatchtune.datasets.expert_specs.files import (
     PARTITION_MODES,
     load_spec_dir,
     load_spec_file,
+    named_architecture,
     named_partitions,
     named_product,
     skip_reasons,
@@ -74,5 +76,5 @@ __all__ = [
     "DYNAMIC_SIZE", "PARTITION_MODES", "SDXL_ATTENTION_SHAPES", "ExpertConfig", "ExpertEntry",
     "attention_problem", "configuration_columns", "contraction_problem", "convolution_problem",
     "current_intrinsic", "expert_columns", "gemm_classes", "load_spec_dir", "load_spec_file",
-    "modernise", "named_partitions", "named_product", "skip_reasons",
+    "modernise", "named_architecture", "named_partitions", "named_product", "skip_reasons",
 ]

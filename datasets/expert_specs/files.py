@@ -41,18 +41,37 @@ def _reason(exc: BaseException) -> str:
     return (prefix + text)[:160]
 
 
-#: An AMD Instinct product in a spec file's name (`..._mi308.mlir`, `mi300x_...`): digits, then
-#: an optional variant letter, not inside a longer word.
-_PRODUCT_IN_NAME = re.compile(r"(?<![a-z0-9])mi(\d{3})([a-z]?)(?![a-z0-9])")
+#: An AMD GPU product in a spec file's name, not inside a longer word: Instinct (`_mi308`,
+#: `mi300x_`: digits, then an optional variant letter) or Radeon (`_rx7900xtx`, `_w7900`,
+#: `_r9700`).
+_PRODUCT_IN_NAME = re.compile(
+    r"(?<![a-z0-9])(?:mi(\d{3})([a-z]?)|((?:rx|w|r)\d{4}(?:xtx|xt|gre)?))(?![a-z0-9])")
+
+
+#: An AMD GPU architecture in a spec file's name (`_gfx942_qpx`, `gfx1100_`).
+_ARCHITECTURE_IN_NAME = re.compile(r"(?<![a-z0-9])(gfx\d{2,4}[a-z]?)(?![a-z0-9])")
+
+
+def _name_words(file: str) -> str:
+    return Path(file).stem.lower().replace("-", "_")
 
 
 def named_product(file: str) -> str | None:
     """The GPU product a spec file's name says it was tuned for, as an IREE target name
     (`iree_testsuite_unet_fp16_mi308.mlir` -> `rocm:mi308x`; no variant letter means the X
-    part), or None. Products of one architecture share its space but not its CU count, which
-    the features that count waves per CU need."""
-    found = _PRODUCT_IN_NAME.search(Path(file).stem.lower().replace("-", "_"))
-    return f"rocm:mi{found[1]}{found[2] or 'x'}" if found else None
+    part; `sdxl_rx7900xtx.mlir` -> `rocm:rx7900xtx`), or None. Products of one architecture
+    share its space but not its CU count, which the features that count waves per CU need."""
+    found = _PRODUCT_IN_NAME.search(_name_words(file))
+    if found is None:
+        return None
+    return f"rocm:mi{found[1]}{found[2] or 'x'}" if found[1] else f"rocm:{found[3]}"
+
+
+def named_architecture(file: str) -> str | None:
+    """The GPU architecture a spec file's name states (`..._gfx942_qpx_MI325.mlir` -> `gfx942`),
+    or None."""
+    found = _ARCHITECTURE_IN_NAME.search(_name_words(file))
+    return found[1] if found else None
 
 
 #: AMD Instinct compute-partition modes: how many GPUs one device is split into (its XCDs shared
@@ -62,7 +81,7 @@ PARTITION_MODES = {"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8}
 
 def named_partitions(file: str) -> int:
     """The compute-partition count a spec file's name states (`..._mi300_qpx.mlir` -> 4), else 1."""
-    words = re.split(r"[^a-z0-9]+", Path(file).stem.lower())
+    words = re.split(r"[^a-z0-9]+", _name_words(file))
     return next((PARTITION_MODES[w] for w in words if w in PARTITION_MODES), 1)
 
 

@@ -102,15 +102,20 @@ def _loops(expr_list: str) -> tuple[int, ...]:
 
 
 def current_intrinsic(name: str) -> str:
-    """Map a 2024 intrinsic name (`MFMA_F16_16x16x16_F32`) to IREE's current one."""
+    """Map an older intrinsic name to IREE 3.13's: 2024's input-type-first order
+    (`MFMA_F16_16x16x16_F32`), and RDNA3's WMMA before it was renamed `WMMAR3`."""
     match = _OLD_INTRINSIC.match(name)
     if not match:
         return name
     family, first, shape, last = match.groups()
     # Old names put the input type first; current ones put the accumulator first.
-    if first in {"F32", "I32"} and last not in {"F32", "I32"}:
-        return name
-    return f"{family}_{last}_{shape}_{first}"
+    if not (first in {"F32", "I32"} and last not in {"F32", "I32"}):
+        first, last = last, first
+    # `WMMA_*_16x16x16_*` was RDNA3's until RDNA4's arrived as `WMMAR4` (early 2025); 3.13's
+    # `WMMA_` names are gfx1250's, none of them 16x16x16.
+    if family == "WMMA" and shape == "16x16x16":
+        family = "WMMAR3"
+    return f"{family}_{first}_{shape}_{last}"
 
 
 def _mma_shape(intrinsic: str) -> tuple[int, int, int]:
