@@ -9,6 +9,7 @@ Facts are probed once per process and cached.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from typing import Literal
 
 from dispatchtune.errors import DispatchTuneError, TargetError
 from dispatchtune.toolchain import compile_to_text
+
+logger = logging.getLogger(__name__)
 
 Backend = Literal["llvm-cpu", "rocm", "cuda"]
 
@@ -372,7 +375,7 @@ def _probe_gpu(target: Target) -> GpuFacts:
         raise TargetError(f"IREE cannot compile for {target.name}: {exc}") from None
     with ir.Context():
         info = iree_gpu.TargetInfo.get_gpu_target_info(ir.Attribute.parse(text))
-        return GpuFacts(
+        facts = GpuFacts(
             arch=str(info.arch),
             subgroup_sizes=tuple(int(s) for s in info.subgroup_size_choices),
             max_threads_per_workgroup=int(info.max_thread_count_per_workgroup),
@@ -383,6 +386,12 @@ def _probe_gpu(target: Target) -> GpuFacts:
             simds_per_cu=int(info.simds_per_workgroup) or target.simds_fallback,
             mma_intrinsics=tuple(str(i) for i in info.mma_intrinsics),
         )
+    if facts.compute_units == 0:
+        # The features then count one CU, so the terms that need the count are all alike.
+        logger.warning("%s: IREE gives no compute-unit count for %s and none is known here; "
+                       "features that count workgroups per CU are neutral", target.name,
+                       facts.arch)
+    return facts
 
 
 def _cache_bytes(level: int, kind: str) -> int:

@@ -141,6 +141,21 @@ def test_intrinsic_names_read_as_shape_and_operand_types() -> None:
     assert intrinsic_operand_types("VDMFMA_F32_8x16x64x2_BF16") == ()  # gfx950's, not that form
 
 
+def test_a_gpu_without_a_known_cu_count_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """gfx1250: IREE 3.13 gives no CU count and no product of it is known, so its per-CU
+    features are neutral; `rank` and `tune` say so in one warning rather than pretend a count."""
+    import logging
+
+    from dispatchtune import targets
+
+    targets._probe_gpu.cache_clear()  # the warning comes with the (cached) probe
+    with caplog.at_level(logging.WARNING, logger="dispatchtune.targets"):
+        facts = get_target("gfx1250").gpu_facts()
+    assert facts.compute_units == 0 and facts.mma_intrinsics
+    (record,) = [r for r in caplog.records if "gfx1250" in r.getMessage()]
+    assert "no compute-unit count" in record.getMessage() and "neutral" in record.getMessage()
+
+
 def test_any_gpu_iree_knows_is_a_target_with_its_facts() -> None:
     """Architecture and product names IREE 3.13 knows: facts from IREE's target table, CU counts
     of the flagship product where IREE has none for an architecture name."""
