@@ -18,7 +18,7 @@ judged by IREE's default for that GPU and by the experts that are valid there.
 
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
-      [--orders model,heuristic,random] [--files punet,flux] [--cache /tmp/expert_order_cache]
+      [--orders model,heuristic,random,shipped] [--files punet,flux] [--cache /tmp/expert_order_cache]
       [--no-heuristic-filters] [--target gfx950]
 Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
@@ -146,8 +146,20 @@ def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.nd
     return np.asarray(model.predict_candidates(features, table))
 
 
+def shipped_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
+    """The order `rank` and `tune` use by default on the file's GPU: its installed model (the
+    gfx942 prior on every CDNA GPU, so `model` there), else the heuristic (RDNA, NVIDIA)."""
+    from dispatchtune.costmodel.defaults import model_for_target
+    from dispatchtune.features import extract_features
+
+    model = model_for_target(target.name)[0]
+    features = extract_features(problem, target, table)
+    return np.asarray(model.predict_candidates(features, table))
+
+
 SCORERS: dict[str, Scorer] = {
     "heuristic": heuristic_scores, "random": random_scores, "model": model_scores,
+    "shipped": shipped_scores,
 }
 
 
@@ -571,7 +583,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="directory of tuning spec .mlir files, or one spec file")
     parser.add_argument("--output-dir", "-o", type=Path, required=True)
     parser.add_argument("--orders", default="model,heuristic,random",
-                        help="`model` is the installed gfx942 prior, the order `tune` uses there")
+                        help="comma-separated: " + ", ".join(SCORERS) + "; `model` is the "
+                        "installed gfx942 prior (the order `tune` uses on gfx942), `shipped` the "
+                        "order `tune` uses on each file's GPU (`model` on CDNA GPUs, the "
+                        "heuristic on others)")
     parser.add_argument("--files", default="", help="comma-separated substrings of file names")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
