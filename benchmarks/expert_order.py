@@ -26,11 +26,13 @@ Writes report.md (per file and per op kind), positions.csv and positions.png to 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import pickle
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -50,6 +52,9 @@ from dispatchtune.problem import Problem
 from dispatchtune.search.gpu import iree_default_columns as gpu_default_columns
 from dispatchtune.search.gpu_space import GpuSpace, gpu_spaces, violated_constraints
 from dispatchtune.targets import Target, get_target
+
+if TYPE_CHECKING:
+    from dispatchtune.costmodel.base import CostModel
 
 TARGET = "gfx942"
 #: Bump when enumeration changes candidate-table columns or rows: `candidate_table`'s cache is
@@ -136,25 +141,32 @@ def random_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.n
     return np.zeros(len(table))  # all tied: the expected position is (N + 1) / 2
 
 
-def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
-    """The installed gfx942 default model (the pairwise prior: trained on these very files)."""
+@functools.cache
+def _installed_model(target_name: str) -> CostModel:
+    """The model `rank` and `tune` use by default on a target (loaded once per process, not per
+    dispatch)."""
     from dispatchtune.costmodel.defaults import model_for_target
+
+    return model_for_target(target_name)[0]
+
+
+def _installed_scores(model_target: str, problem: Problem, table: pd.DataFrame,
+                      target: Target) -> np.ndarray:
     from dispatchtune.features import extract_features
 
-    model = model_for_target(TARGET)[0]
     features = extract_features(problem, target, table)
-    return np.asarray(model.predict_candidates(features, table))
+    return np.asarray(_installed_model(model_target).predict_candidates(features, table))
+
+
+def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
+    """The installed gfx942 default model (the pairwise prior: trained on these very files)."""
+    return _installed_scores(TARGET, problem, table, target)
 
 
 def shipped_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
     """The order `rank` and `tune` use by default on the file's GPU: its installed model (the
     gfx942 prior on every CDNA GPU, so `model` there), else the heuristic (RDNA, NVIDIA)."""
-    from dispatchtune.costmodel.defaults import model_for_target
-    from dispatchtune.features import extract_features
-
-    model = model_for_target(target.name)[0]
-    features = extract_features(problem, target, table)
-    return np.asarray(model.predict_candidates(features, table))
+    return _installed_scores(target.name, problem, table, target)
 
 
 SCORERS: dict[str, Scorer] = {
