@@ -29,8 +29,7 @@ def _facts(target: Target) -> tuple[dict[str, Any], str]:
             mma_intrinsics=len(gpu.mma_intrinsics),
         )
         text = (
-            f"{gpu.arch}, {gpu.compute_units or 'unknown'} CUs, "
-            f"subgroup {list(gpu.subgroup_sizes)}, "
+            f"{gpu.arch}, {gpu.compute_units} CUs, subgroup {list(gpu.subgroup_sizes)}, "
             f"{gpu.max_workgroup_memory_bytes // 1024} KiB shared memory, "
             f"{gpu.max_threads_per_workgroup} threads/workgroup, "
             f"{len(gpu.mma_intrinsics)} MMA intrinsics"
