@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from dispatchtune.errors import DispatchTuneError, TargetError
-from dispatchtune.toolchain import compile_to_text
+from dispatchtune.toolchain import compile_to_text, iree_compiler_version
 
 logger = logging.getLogger(__name__)
 
@@ -364,6 +364,15 @@ def _executable_target_text(target: Target) -> str:
         return str(variants[0].attributes["target"])
 
 
+def undescribed_target_error(target: Target, reason: str) -> TargetError | None:
+    """The error for a target IREE has no description of, when `reason` (its words) says so."""
+    if "missing GPU target" in reason or re.search(r"Unknown \w+ target", reason):
+        # e.g. IREE 3.13 has no description of sm_90 or gfx1030.
+        return TargetError(f"IREE {iree_compiler_version()} has no GPU description of target "
+                           f"{target.name!r} (`{target.compile_flags[-1]}`): {reason}")
+    return None
+
+
 @functools.cache
 def _probe_gpu(target: Target) -> GpuFacts:
     from iree.compiler import ir
@@ -372,7 +381,8 @@ def _probe_gpu(target: Target) -> GpuFacts:
     try:
         text = _executable_target_text(target)
     except DispatchTuneError as exc:  # IREE's own words: "Unknown ROCM target 'gfx9999'"
-        raise TargetError(f"IREE cannot compile for {target.name}: {exc}") from None
+        raise (undescribed_target_error(target, str(exc))
+               or TargetError(f"IREE cannot compile for {target.name}: {exc}")) from None
     with ir.Context():
         info = iree_gpu.TargetInfo.get_gpu_target_info(ir.Attribute.parse(text))
         facts = GpuFacts(

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from dispatchtune.errors import InputError, NoTunableOp, TargetError
 from dispatchtune.ir.lowering import lower_if_torch
 from dispatchtune.problem import OpKind, Problem
-from dispatchtune.targets import Target, get_target
+from dispatchtune.targets import Target, get_target, undescribed_target_error
 from dispatchtune.toolchain import (
     compiler_failure,
     first_error_line,
@@ -230,11 +230,9 @@ def _ir_seen_by_tuning_specs(path: Path, target: Target | None) -> list[str]:
     if proc.returncode != 0:
         # stderr also holds the IR dumps: only an error line or the crash says what went wrong.
         reason = compiler_failure(proc.returncode, proc.stderr)
-        if target is not None and ("missing GPU target" in reason
-                                   or re.search(r"Unknown \w+ target", reason)):
-            # The target, not the file: e.g. IREE 3.13 has no description of sm_90 or gfx1030.
-            raise TargetError(f"IREE {iree_compiler_version()} has no GPU description of "
-                              f"target {target.name!r} (`{target.compile_flags[-1]}`): {reason}")
+        undescribed = None if target is None else undescribed_target_error(target, reason)
+        if undescribed is not None:  # the target, not the file
+            raise undescribed
         if target is not None and "Unknown CPU" in reason:
             raise TargetError(f"IREE {iree_compiler_version()} does not know the CPU of target "
                               f"{target.name!r}: {reason}")

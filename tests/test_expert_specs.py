@@ -213,7 +213,7 @@ def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) ->
     proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "x"), "--target", "gfx9999",
                          timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().startswith("error: IREE cannot compile for gfx9999")
+    assert "no GPU description of target 'gfx9999'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -156,6 +156,16 @@ def test_a_gpu_without_a_known_cu_count_says_so(caplog: pytest.LogCaptureFixture
     assert "no compute-unit count" in record.getMessage() and "neutral" in record.getMessage()
 
 
+@pytest.mark.parametrize("name", ["sm_90", "gfx1030"])
+def test_the_probe_of_a_gpu_iree_cannot_describe_says_so(name: str) -> None:
+    """The target probe words it as the file path does (`rank` reaches either first, depending on
+    whether the file built): IREE has no description of the target, named with its flag."""
+    with pytest.raises(TargetError) as caught:
+        get_target(name).gpu_facts()
+    assert str(caught.value).startswith("IREE ") and f"no GPU description of target '{name}'" in str(
+        caught.value)
+
+
 def test_any_gpu_iree_knows_is_a_target_with_its_facts() -> None:
     """Architecture and product names IREE 3.13 knows: facts from IREE's target table, CU counts
     of the flagship product where IREE has none for an architecture name."""
