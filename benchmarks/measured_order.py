@@ -8,7 +8,8 @@ finds experts: pipeline, intrinsic, workgroup tiles, K tile, subgroup counts, wo
 and reports for each order:
 - where the fastest measured candidate lands in the whole space (position / N, as for experts);
 - among the measured candidates found in the space, the position of the fastest, and the time of
-  the best of the first k benchmarks as a multiple of the fastest's (k = 1, 5, 10, 20, 50):
+  the best of the first k benchmarks as a multiple of the fastest's (k = 1, 5, 10, 20, 50; each
+  time over the baseline measured on the same device, as IREE's tuner compares them):
   what a tuning run with a budget of k would have kept. Failed candidates take their turn and
   give nothing. `random` is the expectation over all orders; `tuner` is the order IREE's tuner
   generated and benchmarked them in (its candidate ids).
@@ -32,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dispatchtune.benchmarks.expert_order import (
+    MATCH_COLUMNS,
     SCORERS,
     TARGET,
     candidate_table,
@@ -60,7 +62,10 @@ def problem_of(path: Path) -> Problem:
 
 
 def measured_rows(path: Path) -> pd.DataFrame:
-    """A file's candidates in candidate-table terms, with `time_us` (NaN where it failed)."""
+    """A file's candidates in candidate-table terms, with `time_us` (NaN where it failed) and
+    `relative`: the time over the baseline measured on the same device. IREE's tuner spreads
+    candidates over several GPUs of one machine, whose baselines differ by up to 15%
+    (`square_gemm_1024...`: 57.17 and 65.5 us), so times are compared as `relative`."""
     frame = pd.read_csv(path)
     frame = frame[frame["mma"].notna()].copy()  # candidate 0 is the baseline: no configuration
     ok = frame["benchmark_status"].astype(str).str.lower().eq("true")
@@ -76,6 +81,7 @@ def measured_rows(path: Path) -> pd.DataFrame:
         "subgroups_m": frame["sg_m"].astype(int), "subgroups_n": frame["sg_n"].astype(int),
         "workgroup_threads": (frame["wg_x"] * frame["wg_y"] * frame["wg_z"]).astype(int),
         "compiled": frame["compiled"], "time_us": frame["time_us"],
+        "relative": frame["time_us"] / pd.to_numeric(frame["baseline_us"], errors="coerce"),
     }).reset_index(drop=True)
 
 
@@ -124,7 +130,7 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
     # `tune`); one that builds and fails to run takes its turn.
     in_space = measured[rows >= 0].assign(row=rows[rows >= 0])
     found = in_space[in_space["compiled"]].reset_index(drop=True)
-    times = found["time_us"].to_numpy(dtype=float)
+    times = found["relative"].to_numpy(dtype=float)
     fastest = float(np.nanmin(times))
     winners = times == fastest  # several candidates can share the fastest time
     result: dict = {
@@ -133,19 +139,34 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
         "ran": int(measured["time_us"].notna().sum()),
         "in_space": len(in_space), "built_in_space": len(found),
         "ran_in_space": int(np.isfinite(times).sum()),
-        "fastest_us": fastest,
+        "fastest_relative": fastest,
+        "fastest_us": float(found["time_us"].to_numpy(dtype=float)[np.nanargmin(times)]),
         "fastest_config": found.iloc[int(np.nanargmin(times))][
             ["pipeline", "intrinsic", "tile_m", "tile_n", "tile_k", "subgroups_m",
              "subgroups_n", "workgroup_threads"]].to_dict(),
     }
+    if not heuristic_filters:
+        # How much the whole space gains: the fastest measured inside IREE's filtered space.
+        filtered = candidate_table(problem, cache, True)[list(MATCH_COLUMNS)].drop_duplicates()
+        inside = found.merge(filtered, on=list(MATCH_COLUMNS), how="left", indicator=True)
+        kept = times[(inside["_merge"] == "both").to_numpy()]
+        result["filtered_fastest"] = float(np.nanmin(kept)) / fastest if len(kept) else math.inf
     fastest_mask = np.zeros(len(table), dtype=bool)
     fastest_mask[found["row"].to_numpy()[winners]] = True
+    # The whole order: a candidate nobody measured takes its turn and gives nothing (it may be
+    # fast; this curve is the cautious one), one that failed to build is skipped.
+    every = np.full(len(table), np.nan)
+    every[found["row"].to_numpy()] = times
+    takes_turn = np.ones(len(table), dtype=bool)
+    takes_turn[in_space["row"].to_numpy()[~in_space["compiled"].to_numpy()]] = False
     curves: dict[str, list[float]] = {}
+    whole: dict[str, list[float]] = {}
     for order in orders:
         scores = np.asarray(SCORERS[order](problem, table, target), dtype=float)
         result[f"{order}_space_fraction"] = expected_position(scores, fastest_mask) / len(table)
         if order == "random":
             curves[order] = random_best_after(times, fastest)
+            whole[order] = random_best_after(every[takes_turn], fastest)
             # The expected first of w winners among n shuffled candidates: (n + 1) / (w + 1).
             w = int(winners.sum())
             result[f"{order}_space_fraction"] = (len(table) + 1) / (w + 1) / len(table)
@@ -154,6 +175,8 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
         own = scores[found["row"].to_numpy()]
         result[f"{order}_measured_position"] = expected_position(own, winners)
         curves[order] = best_after(times[np.argsort(-own, kind="stable")], fastest)
+        whole[order] = best_after(every[np.argsort(-scores, kind="stable")][
+            takes_turn[np.argsort(-scores, kind="stable")]], fastest)
         result[f"{order}_failed_builds"] = failed_builds(scores[in_space["row"].to_numpy()],
                                                          in_space["compiled"].to_numpy())
     tuner = np.argsort(found["candidate_id"].to_numpy(), kind="stable")
@@ -161,7 +184,9 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
     result["tuner_measured_position"] = float(np.flatnonzero(winners[tuner])[0] + 1)
     result["tuner_failed_builds"] = failed_builds(-in_space["candidate_id"].to_numpy(dtype=float),
                                                   in_space["compiled"].to_numpy())
+    whole["tuner"] = curves["tuner"]  # the tuner proposes only what it measured
     result["curves"] = curves
+    result["whole_curves"] = whole
     return result
 
 
@@ -176,13 +201,37 @@ def report(results: Sequence[dict], orders: Sequence[str], command: str) -> str:
         config = r["fastest_config"]
         short = (f"{config['intrinsic']} {config['tile_m']}x{config['tile_n']}x{config['tile_k']}"
                  f" {config['subgroups_m']}x{config['subgroups_n']} sg, "
-                 f"{config['workgroup_threads']} thr ({r['fastest_us']:g} us)")
+                 f"{config['workgroup_threads']} thr, {r['fastest_us']:g} us, "
+                 f"{r['fastest_relative']:.2f}x the baseline")
         cells = [f"{100 * r[f'{o}_space_fraction']:.1f}% / {r[f'{o}_measured_position']:.0f}"
                  for o in orders]
         lines.append(f"| {r['file']} | {r['n']} | {r['measured']} ({r['built']}, {r['ran']}) | "
                      f"{r['in_space']} ({r['built_in_space']}, {r['ran_in_space']}) | {short} | "
                      + " | ".join(cells)
                      + f" | {r['tuner_measured_position']:.0f} |")
+    if "filtered_fastest" in results[0]:
+        ratios = [r["filtered_fastest"] for r in results]
+        lines += ["", "The fastest measured candidate inside IREE's heuristic filters, as a "
+                  "multiple of the fastest measured in the whole space: "
+                  + ", ".join(f"{r['file'].removesuffix('.csv')} {v:.3f}"
+                              for r, v in zip(results, ratios, strict=True))
+                  + f" (median {np.median(ratios):.3f})."]
+    lines += ["", f"Medians over the {len(results)} files (best of k: the measured candidates "
+              "in each order / the whole order, where a candidate nobody measured takes its "
+              "turn and gives nothing):", "",
+              "| order | fastest at: position / N in the space | fastest at: position among the "
+              "measured | " + " | ".join(f"best of k={k}" for k in BUDGETS) + " |",
+              "|---|---:|---:|" + "---:|" * len(BUDGETS)]
+    for order in [*orders, "tuner"]:
+        space = ([100 * r[f"{order}_space_fraction"] for r in results]
+                 if f"{order}_space_fraction" in results[0] else [])
+        position = [r[f"{order}_measured_position"] for r in results]
+        measured = np.median([r["curves"][order] for r in results], axis=0)
+        whole = np.median([r["whole_curves"][order] for r in results], axis=0)
+        lines.append(f"| {order} | " + (f"{np.median(space):.1f}%" if space else "")
+                     + f" | {np.median(position):.0f} | "
+                     + " | ".join(f"{a:.3f} / {b:.3f}" for a, b in zip(measured, whole,
+                                                                       strict=True)) + " |")
     lines += ["", "Best of the first k benchmarks (the measured candidates in the space that "
               "built, in each order's own sequence; builds that fail cost no benchmark), as a "
               "multiple of the fastest measured, and the failed builds an order meets before "

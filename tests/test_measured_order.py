@@ -74,6 +74,8 @@ def test_measured_rows_read_as_candidate_table_columns() -> None:
     assert (rows["workgroup_threads"] == 64 * rows["subgroups_m"] * rows["subgroups_n"]).all()
     assert rows["time_us"].notna().sum() == 956  # 11 failed to compile
     assert rows["time_us"].min() == pytest.approx(61.33)
+    # Times over the same device's baseline: candidate 585 (61.33 of 70.17) leads 227 (of 68.5).
+    assert rows["candidate_id"].to_numpy()[np.nanargmin(rows["relative"].to_numpy())] == 585
 
 
 def test_measured_order_command_as_the_docs_show(tmp_path: Path) -> None:

@@ -53,6 +53,22 @@ def test_gpu_table_output(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.count("VectorDistribute") == 3
 
 
+def test_gpu_space_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """The whole valid space by default (and with `--no-heuristic-filters`); IREE's filtered one
+    with `--heuristic-filters`; both flags at once is a usage error."""
+    source = str(EXAMPLES / "matmul_transpose_b_f16.mlir")
+
+    def count(*flags: str) -> int:
+        assert main(["candidates", source, "--target", "gfx942", "--json", *flags]) == 0
+        return len(capsys.readouterr().out.splitlines())
+
+    whole = count()
+    assert whole == count("--no-heuristic-filters") > count("--heuristic-filters") > 0
+    assert main(["candidates", source, "--target", "gfx942", "--heuristic-filters",
+                 "--no-heuristic-filters"]) == 2
+    assert "not allowed with" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -9,6 +9,7 @@ from dispatchtune.costmodel.rank import STATIC_ORDERS
 from dispatchtune.datasets.timing import ESTIMATORS
 from dispatchtune.errors import DispatchTuneError, InputError
 from dispatchtune.measure.devices import parse_devices
+from dispatchtune.search import HEURISTIC_FILTERS
 from dispatchtune.targets import Target
 
 #: `--order` choices: the static orders of `rank`, and the online search.
@@ -69,9 +70,10 @@ class TuneOptions:
     retry_failed: bool = False
     # Online search: seconds without a heartbeat after which a worker's claim is taken back.
     lease_s: int = 30
-    # The GPU space: False drops the constraints IREE marks as heuristic filters (its validity
-    # constraints stay); `waves_per_eu` values add LLVM's amdgpu-waves-per-eu hint as a knob.
-    heuristic_filters: bool = True
+    # The GPU space: True keeps the constraints IREE marks as heuristic filters, which the
+    # default drops (its validity constraints stay); `waves_per_eu` values add LLVM's
+    # amdgpu-waves-per-eu hint as a knob.
+    heuristic_filters: bool = HEURISTIC_FILTERS
     waves_per_eu: tuple[int, ...] = ()
     progress: bool | None = None  # None: a bar on a terminal, else one line per result
 
