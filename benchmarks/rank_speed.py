@@ -43,7 +43,7 @@ def conv(spec: str) -> Problem:
 def run(source: Path, model: Path | None, filters: bool) -> tuple[float, int]:
     """Seconds of one `rank --json` run and the number of JSON lines it printed."""
     command = [sys.executable, "-m", "dispatchtune", "rank", str(source), "--target", "gfx942",
-               "--json", *([] if filters else ["--no-heuristic-filters"]),
+               "--json", "--heuristic-filters" if filters else "--no-heuristic-filters",
                *(["--cost-model", str(model)] if model else [])]
     start = time.perf_counter()
     proc = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -111,9 +111,12 @@ def test_expert_outside_the_space_names_the_attribute() -> None:
     entries = {e.matcher: e for e in load_spec_file(FIXTURES / "punet_vectordistribute.mlir")}
     entry = entries["match_mmt_8192x640x640"]
     assert entry.problem is not None
-    mask, why = expert_mask(enumerate_candidates(entry.problem, "gfx942").table,
-                            expert_columns(entry))
+    filtered = enumerate_candidates(entry.problem, "gfx942", heuristic_filters=True).table
+    mask, why = expert_mask(filtered, expert_columns(entry))
     assert not mask.any() and why.startswith("subgroups_m=8")
+    # The whole space, the default, holds it.
+    assert expert_mask(enumerate_candidates(entry.problem, "gfx942").table,
+                       expert_columns(entry))[0].any()
     # IREE's own words: the assertion its source labels a heuristic filter. Without the filters
     # the expert is a candidate.
     assert entry.config is not None
