@@ -9,10 +9,14 @@ and reports for each order:
 - where the fastest measured candidate lands in the whole space (position / N, as for experts);
 - among the measured candidates found in the space, the position of the fastest, and the time of
   the best of the first k benchmarks as a multiple of the fastest's (k = 1, 5, 10, 20, 50; each
-  time over the baseline measured on the same device, as IREE's tuner compares them):
-  what a tuning run with a budget of k would have kept. Failed candidates take their turn and
-  give nothing. `random` is the expectation over all orders; `tuner` is the order IREE's tuner
-  generated and benchmarked them in (its candidate ids).
+  time over the baseline measured on the same device, as IREE's tuner compares them): what a
+  tuning run with a budget of k would have kept. A candidate that failed to build costs no
+  benchmark (as in `tune`) and is counted apart; one that built and failed to run takes its turn
+  and gives nothing. A second reading follows the whole order, where a candidate nobody measured
+  also takes its turn and gives nothing (the cautious bound). `random` is the expectation over
+  all orders; `tuner` is the order IREE's tuner generated them in (its candidate ids).
+With `--no-heuristic-filters` it also reports how much slower the fastest measured candidate
+inside IREE's heuristic filters is (docs/gpu_order.md, part 35).
 
 Usage:
   python benchmarks/measured_order.py benchmarks/data/measured -o out/measured
@@ -131,6 +135,8 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
     in_space = measured[rows >= 0].assign(row=rows[rows >= 0])
     found = in_space[in_space["compiled"]].reset_index(drop=True)
     times = found["relative"].to_numpy(dtype=float)
+    if not np.isfinite(times).any():
+        raise ValueError("no measured candidate in the space ran")
     fastest = float(np.nanmin(times))
     winners = times == fastest  # several candidates can share the fastest time
     result: dict = {
@@ -286,7 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path in files:
         try:
             results.append(measure(path, orders, args.cache, args.heuristic_filters))
-        except (DispatchTuneError, ValueError, KeyError) as exc:
+        except KeyError as exc:
+            print(f"warning: {path.name}: not measured: no column {exc}", file=sys.stderr)
+        except (DispatchTuneError, ValueError, pd.errors.ParserError) as exc:
             print(f"warning: {path.name}: not measured: {exc}", file=sys.stderr)
     if not results:
         print("error: no measurement file could be read", file=sys.stderr)

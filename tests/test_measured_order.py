@@ -107,8 +107,23 @@ def test_measured_order_command_as_the_docs_show(tmp_path: Path) -> None:
 
 
 def test_measured_order_bad_input_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/measured_order.py", str(tmp_path), "-o", str(tmp_path / "o")],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    """An empty directory is one line; unreadable files are a warning each, never a traceback."""
+    def run(directory: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "benchmarks/measured_order.py", str(directory), "-o",
+             str(tmp_path / "o")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    proc = run(tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "Traceback" not in proc.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a_gemm_64_64_64_f16_f32_tB.csv").write_text("a,b\n1,2\n")
+    (bad / "b_gemm_64_64_64_f16_f32_tB.csv").write_bytes(bytes(range(128, 256)))
+    (bad / "c_gemm_64_64_64_f16_f32_tB.csv").write_text("")
+    (bad / "results.csv").write_text("x\n")
+    proc = run(bad)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(lines) == 5 and lines[-1] == "error: no measurement file could be read"
+    assert "no column 'mma'" in proc.stderr and "in the name" in proc.stderr
