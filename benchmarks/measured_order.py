@@ -42,7 +42,6 @@ from dispatchtune.benchmarks.expert_order import (
     TARGET,
     candidate_table,
     expected_position,
-    expert_mask,
 )
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
@@ -119,17 +118,24 @@ def failed_builds(scores: np.ndarray, compiled: np.ndarray, benchmarks: int = BU
     return int((~built[:last + 1]).sum())
 
 
+def rows_in(table: pd.DataFrame, candidates: pd.DataFrame) -> np.ndarray:
+    """The table row of each candidate with the same configuration (`MATCH_COLUMNS`, as
+    `expert_order.py` matches experts), -1 where the table has none."""
+    keys = list(MATCH_COLUMNS)
+    # The table's pipeline is categorical: compare as text, as `expert_mask` does.
+    index = table[keys].astype({"pipeline": str}).assign(row=np.arange(len(table)))
+    found = candidates[keys].astype({"pipeline": str}).merge(
+        index.drop_duplicates(keys), on=keys, how="left")["row"]
+    return found.fillna(-1).to_numpy(dtype=int)
+
+
 def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: bool) -> dict:
     """One measurement file: the fastest's position per order and each order's budget curve."""
     problem = problem_of(path)
     target = get_target(TARGET)
     table = candidate_table(problem, cache, heuristic_filters)
     measured = measured_rows(path)
-    rows = np.full(len(measured), -1)
-    for i, candidate in enumerate(measured.to_dict("records")):
-        mask, _ = expert_mask(table, {str(k): v for k, v in candidate.items()})
-        if mask.any():
-            rows[i] = int(np.flatnonzero(mask)[0])
+    rows = rows_in(table, measured)
     # A candidate that fails to build is found before benchmarking and costs no budget (as in
     # `tune`); one that builds and fails to run takes its turn.
     in_space = measured[rows >= 0].assign(row=rows[rows >= 0])
@@ -137,7 +143,8 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
     times = found["relative"].to_numpy(dtype=float)
     if not np.isfinite(times).any():
         raise ValueError("no measured candidate in the space ran")
-    fastest = float(np.nanmin(times))
+    best = int(np.nanargmin(times))
+    fastest = float(times[best])
     winners = times == fastest  # several candidates can share the fastest time
     result: dict = {
         "file": path.name, "problem": problem.describe(), "n": len(table),
@@ -146,16 +153,14 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
         "in_space": len(in_space), "built_in_space": len(found),
         "ran_in_space": int(np.isfinite(times).sum()),
         "fastest_relative": fastest,
-        "fastest_us": float(found["time_us"].to_numpy(dtype=float)[np.nanargmin(times)]),
-        "fastest_config": found.iloc[int(np.nanargmin(times))][
+        "fastest_us": float(found["time_us"].to_numpy(dtype=float)[best]),
+        "fastest_config": found.iloc[best][
             ["pipeline", "intrinsic", "tile_m", "tile_n", "tile_k", "subgroups_m",
              "subgroups_n", "workgroup_threads"]].to_dict(),
     }
     if not heuristic_filters:
         # How much the whole space gains: the fastest measured inside IREE's filtered space.
-        filtered = candidate_table(problem, cache, True)[list(MATCH_COLUMNS)].drop_duplicates()
-        inside = found.merge(filtered, on=list(MATCH_COLUMNS), how="left", indicator=True)
-        kept = times[(inside["_merge"] == "both").to_numpy()]
+        kept = times[rows_in(candidate_table(problem, cache, True), found) >= 0]
         result["filtered_fastest"] = float(np.nanmin(kept)) / fastest if len(kept) else math.inf
     fastest_mask = np.zeros(len(table), dtype=bool)
     fastest_mask[found["row"].to_numpy()[winners]] = True
@@ -181,8 +186,8 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
         own = scores[found["row"].to_numpy()]
         result[f"{order}_measured_position"] = expected_position(own, winners)
         curves[order] = best_after(times[np.argsort(-own, kind="stable")], fastest)
-        whole[order] = best_after(every[np.argsort(-scores, kind="stable")][
-            takes_turn[np.argsort(-scores, kind="stable")]], fastest)
+        ranked = np.argsort(-scores, kind="stable")
+        whole[order] = best_after(every[ranked][takes_turn[ranked]], fastest)
         result[f"{order}_failed_builds"] = failed_builds(scores[in_space["row"].to_numpy()],
                                                          in_space["compiled"].to_numpy())
     tuner = np.argsort(found["candidate_id"].to_numpy(), kind="stable")
