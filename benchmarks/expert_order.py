@@ -19,8 +19,9 @@ judged by IREE's default for that GPU and by the experts that are valid there.
 Usage:
   python benchmarks/expert_order.py /work/shared/data/expert_specs -o out/expert_order \\
       [--orders model,heuristic,random,shipped] [--files punet,flux] [--cache /tmp/expert_order_cache]
-      [--no-heuristic-filters] [--target gfx950]
-Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
+      [--no-heuristic-filters] [--target gfx950] [--model FILE]
+`--model FILE` ranks the `model` order with that model file instead of the installed prior (a
+candidate prior, before it is installed). Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import functools
 import math
 import pickle
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -173,6 +174,20 @@ SCORERS: dict[str, Scorer] = {
     "heuristic": heuristic_scores, "random": random_scores, "model": model_scores,
     "shipped": shipped_scores,
 }
+
+
+def model_file_scorer(path: Path) -> Scorer:
+    """A scorer ranking with the model file at `path` (loaded once)."""
+    from dispatchtune.costmodel.modelfile import load_cost_model
+    from dispatchtune.features import extract_features
+
+    model = load_cost_model(path)
+
+    def scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
+        features = extract_features(problem, target, table)
+        return np.asarray(model.predict_candidates(features, table))
+
+    return scores
 
 
 def cache_stem(problem: Problem, target: str) -> str:
@@ -415,6 +430,7 @@ def expected_position(scores: np.ndarray, mask: np.ndarray) -> float:
 def measure(
     entries: Sequence[ExpertEntry], orders: Sequence[str], cache: Path, heuristic_filters: bool = True,
     waves_per_eu: Sequence[int] = (), target: str | None = None,
+    scorers: Mapping[str, Scorer] = SCORERS,
 ) -> pd.DataFrame:
     """One row per matcher. Each file's dispatches are enumerated on `target`, or on the
     architecture the file was tuned for (`file_architecture`) when it is None."""
@@ -454,7 +470,7 @@ def measure(
             row["iree_constraints"] = iree_exclusion(problem, entry.config, heuristic_filters,
                                                      enumerated)
         for order in orders if mask.any() or default.any() else ():
-            scores = SCORERS[order](problem, table, features_for)
+            scores = scorers[order](problem, table, features_for)
             for name, rows_of in (("", mask), ("default_", default)):
                 if rows_of.any():
                     position = expected_position(scores, rows_of)
@@ -611,6 +627,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--waves-per-eu", type=lambda t: tuple(int(v) for v in t.split(",")),
                         default=(), help="also enumerate amdgpu-waves-per-eu (e.g. 0,1,2,4) and "
                         "match the expert's value (0 = not set)")
+    parser.add_argument("--model", type=Path, metavar="FILE",
+                        help="rank the `model` order with this model file (default: the "
+                        "installed gfx942 prior)")
     args = parser.parse_args(argv)
     orders = [o for o in args.orders.split(",") if o]
     unknown = set(orders) - set(SCORERS)
@@ -618,7 +637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: unknown order(s) {sorted(unknown)}; choose from {sorted(SCORERS)}",
               file=sys.stderr)
         return 2
+    scorers = dict(SCORERS)
     try:
+        if args.model is not None:
+            scorers["model"] = model_file_scorer(args.model)
         entries = load_spec_dir(args.specs)
     except DispatchTuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -637,7 +659,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         target = named.name
-    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu, target)
+    frame = measure(entries, orders, args.cache, args.heuristic_filters, args.waves_per_eu, target,
+                    scorers)
     command = "python benchmarks/expert_order.py " + " ".join(sys.argv[1:] if argv is None else argv)
     print(write_report(frame, orders, args.output_dir, command, target))
     return 0

@@ -17,7 +17,11 @@ Two candidates for a better gfx942 order, each judged only on spec files it neve
 configuration) is held out together with the file being held out. `--folds K` holds the files
 out K groups at a time instead (fewer fits when there are many files). `--train-also DIR` adds
 spec files to every fit (and to `--save`'s) without holding them out or reporting them: whether
-more training files help the held-out ones (docs/gpu_order.md, part 31).
+more training files help the held-out ones (docs/gpu_order.md, part 31). `--train-measured DIR`
+adds GEMMs measured on an MI300X (`benchmarks/data/measured/`) the same way, each one dispatch
+whose fastest `--measured-top` candidates are its positives and its other measured candidates
+its negatives; a fit leaves out the measured GEMMs of the dispatches it holds out
+(docs/gpu_order.md, part 36).
 Only expert configurations inside the enumerated space count (see benchmarks/expert_order.py).
 `--save FILE` then trains the prior on every file and writes it as a model file (the shipped
 `costmodel/models/gfx942.json`), recording this command and the held-out figures.
@@ -27,6 +31,7 @@ Usage: python benchmarks/expert_order_lofo.py /work/shared/data/expert_specs [--
            [--priors prior_nodefault,prior,prior_interleaved] [--pipeline-rankers]
            [--tree-weight W] [--diversity NAME=W,...] [--collapse-repeats] [--folds K]
            [--per-expert CSV] [--train-also DIR] [--seed N] [--spare-neighbours N]
+           [--train-measured DIR] [--measured-top K]
            [--save costmodel/models/gfx942.json]
 The shipped prior's command (parts 17-18 of docs/gpu_order.md: SPECS31 holds the six shared files and
 25 public ones, listed with their commits in benchmarks/data/specs31_sources.tsv; 27 min, 19 GB of
@@ -114,6 +119,42 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
             identity = f"{entry.problem.key} {sorted(columns.items())}"
             out.append((entry.file, entry.problem.kind, table, features, mask, default, identity))
     return out
+
+
+def load_measured(directory: Path, cache: Path, heuristic_filters: bool, top: int) -> list[Expert]:
+    """An `Expert` per GEMM measured on an MI300X (`benchmarks/measured_order.py` reads them):
+    its table is the candidates that built, ran and are in the space (the others say nothing of
+    speed), its positives the `top` fastest of them. Its identity is `measured <problem key>`."""
+    from dispatchtune.benchmarks.measured_order import measured_rows, problem_of, rows_in
+
+    out: list[Expert] = []
+    for path in sorted(directory.glob("*.csv")):
+        problem = problem_of(path)
+        table = candidate_table(problem, cache, heuristic_filters)
+        measured = measured_rows(path)
+        rows = rows_in(table, measured)
+        ran = (rows >= 0) & measured["relative"].notna().to_numpy()
+        if not ran.any():
+            continue
+        # One row per configuration: a candidate the tuner measured twice keeps its faster time.
+        times = (pd.Series(measured["relative"].to_numpy()[ran], index=rows[ran])
+                 .groupby(level=0).min())
+        sub = table.iloc[times.index.to_numpy()].reset_index(drop=True)
+        mask = np.zeros(len(sub), dtype=bool)
+        mask[np.argsort(times.to_numpy(), kind="stable")[:top]] = True
+        features = extract_features(problem, feature_target(path.name), sub)
+        out.append((path.name, problem.kind, sub, features, mask, np.zeros(len(sub), bool),
+                    f"measured {problem.key}"))
+    return out
+
+
+def training_mask(identities: np.ndarray, tested: np.ndarray) -> np.ndarray:
+    """What a fit may train on while the `tested` experts are held out: not them, not an expert
+    another file repeats (same identity: dispatch and configuration), and not a measured GEMM of
+    a held-out dispatch (`load_measured`: it would tell the fit what is fast there)."""
+    held_keys = {identity.split(" ")[0] for identity in identities[tested]}
+    return (~tested & ~np.isin(identities, identities[tested])
+            & ~np.isin(identities, [f"measured {key}" for key in held_keys]))
 
 
 def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:
@@ -255,6 +296,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--train-also", type=Path, action="append", default=[], metavar="DIR",
                         help="spec files always in training, never held out or reported (and in "
                         "--save's fit); repeatable")
+    parser.add_argument("--train-measured", type=Path, metavar="DIR",
+                        help="GEMMs measured on a GPU (benchmarks/data/measured/) always in "
+                        "training but for the dispatches held out (and in --save's fit)")
+    parser.add_argument("--measured-top", type=int, default=5, metavar="K",
+                        help="--train-measured: the K fastest candidates of a GEMM are positives")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--c", type=float, default=0.01, help="pairwise L2 strength (1/C)")
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false",
@@ -302,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.folds == 1 or args.folds < 0:
         parser.error("--folds takes 0 (one file at a time) or at least 2")
+    if args.measured_top < 1:
+        parser.error("--measured-top takes a count of candidates >= 1")
     if args.spare_neighbours < 0:
         parser.error("--spare-neighbours takes a count of knobs >= 0")
     priors = [p for p in args.priors.split(",") if p]
@@ -332,6 +380,9 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     reported = len(data)
     data += [d for directory in args.train_also
              for d in load(directory, args.cache, args.heuristic_filters)]
+    if args.train_measured:
+        data += load_measured(args.train_measured, args.cache, args.heuristic_filters,
+                              args.measured_top)
     files = np.array([d[0] for d in data])
     kinds = np.array([d[1] for d in data])
     identities = np.array([d[6] for d in data])
@@ -345,8 +396,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     held_out_sets = held_out_groups(sorted(set(files[:reported].tolist())), args.folds)
     for held in held_out_sets:
         tested = np.isin(files, held) & (np.arange(len(data)) < reported)
-        # An expert another file repeats (same dispatch, same configuration) is held out too.
-        train = ~tested & ~np.isin(identities, identities[tested])
+        train = training_mask(identities, tested)
         if not train.any():
             raise InputError(f"holding out {', '.join(held)} leaves no expert configuration to "
                              "train on (the other files' experts, if any, are copies of its own)")
@@ -420,6 +470,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
         save_model(model, args.save, {
             "target_kinds": ["gpu"], "target": TARGET, "command": command,
             "training_data": {"spec_files": sorted(set(trained_files.tolist())),
+                              "measured_top": args.measured_top if args.train_measured else 0,
                               "problems": len(trained),
                               "hard_negatives": args.hard_negatives,
                               "listwise_l2": args.listwise,

@@ -21,6 +21,9 @@ inside IREE's heuristic filters is (docs/gpu_order.md, part 35).
 Usage:
   python benchmarks/measured_order.py benchmarks/data/measured -o out/measured
       [--orders model,heuristic,random] [--cache /tmp/expert_order_cache] [--no-heuristic-filters]
+      [--model FILE]
+`--model FILE` ranks the `model` order with that model file instead of the installed gfx942
+prior (a prior fit without some of these GEMMs, for instance: docs/gpu_order.md, part 36).
 Writes report.md and budgets.png to the output dir.
 """
 
@@ -30,7 +33,7 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,8 +43,10 @@ from dispatchtune.benchmarks.expert_order import (
     MATCH_COLUMNS,
     SCORERS,
     TARGET,
+    Scorer,
     candidate_table,
     expected_position,
+    model_file_scorer,
 )
 from dispatchtune.errors import DispatchTuneError
 from dispatchtune.problem import Problem
@@ -129,7 +134,8 @@ def rows_in(table: pd.DataFrame, candidates: pd.DataFrame) -> np.ndarray:
     return found.fillna(-1).to_numpy(dtype=int)
 
 
-def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: bool) -> dict:
+def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: bool,
+            scorers: Mapping[str, Scorer] = SCORERS) -> dict:
     """One measurement file: the fastest's position per order and each order's budget curve."""
     problem = problem_of(path)
     target = get_target(TARGET)
@@ -173,7 +179,7 @@ def measure(path: Path, orders: Sequence[str], cache: Path, heuristic_filters: b
     curves: dict[str, list[float]] = {}
     whole: dict[str, list[float]] = {}
     for order in orders:
-        scores = np.asarray(SCORERS[order](problem, table, target), dtype=float)
+        scores = np.asarray(scorers[order](problem, table, target), dtype=float)
         result[f"{order}_space_fraction"] = expected_position(scores, fastest_mask) / len(table)
         if order == "random":
             curves[order] = random_best_after(times, fastest)
@@ -285,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--orders", default="model,heuristic,random")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/expert_order_cache"))
     parser.add_argument("--no-heuristic-filters", dest="heuristic_filters", action="store_false")
+    parser.add_argument("--model", type=Path, metavar="FILE",
+                        help="rank the `model` order with this model file (default: the "
+                        "installed gfx942 prior)")
     args = parser.parse_args(argv)
     orders = [o for o in args.orders.split(",") if o]
     unknown = [o for o in orders if o not in SCORERS]
@@ -293,10 +302,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {'unknown orders ' + ', '.join(unknown) if unknown else 'no *.csv in '}"
               f"{'' if unknown else args.directory}", file=sys.stderr)
         return 2
+    scorers = dict(SCORERS)
+    if args.model is not None:
+        try:
+            scorers["model"] = model_file_scorer(args.model)
+        except DispatchTuneError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     results = []
     for path in files:
         try:
-            results.append(measure(path, orders, args.cache, args.heuristic_filters))
+            results.append(measure(path, orders, args.cache, args.heuristic_filters, scorers))
         except KeyError as exc:
             print(f"warning: {path.name}: not measured: no column {exc}", file=sys.stderr)
         except (DispatchTuneError, ValueError, pd.errors.ParserError) as exc:

@@ -195,6 +195,17 @@ def test_expert_order_command_as_the_readme_shows(tmp_path: Path) -> None:
     assert positions["default_status"].str.match(r"in space|not in space: .+").all()
     found = positions[positions["default_status"] == "in space"]
     assert ((found["model_default_fraction"] > 0) & (found["model_default_fraction"] <= 1)).all()
+    # `--model FILE` ranks `model` with that file: the installed prior's own file, the same order.
+    installed = Path(__file__).resolve().parents[1] / "costmodel" / "models" / "gfx942.json"
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "file"), "--no-heuristic-filters",
+                         "--orders", "model", "--model", str(installed))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = pd.read_csv(tmp_path / "file" / "positions.csv")
+    pd.testing.assert_series_equal(again["model_position"], positions["model_position"])
+    proc = _expert_order(tmp_path, name, "-o", str(tmp_path / "x"), "--model",
+                         str(tmp_path / "missing.json"), timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "missing.json" in proc.stderr
 
 
 def test_expert_order_on_another_gpu_places_its_iree_defaults(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -731,6 +732,41 @@ def test_lofo_collapse_repeats_keeps_the_first_copy_of_each_repeated_expert() ->
             expert("c.mlir", "z"), expert("c.mlir", "y")]
     kept = one_per_repeat(data)
     assert [(e[0], e[6]) for e in kept] == [("a.mlir", "x"), ("a.mlir", "y"), ("c.mlir", "z")]
+
+
+def test_lofo_holds_out_repeats_and_measured_gemms_of_held_out_dispatches() -> None:
+    """A fit holding experts out trains on neither them, nor another file's copy of them, nor a
+    GEMM measured on the GPU for one of their dispatches; other measured GEMMs stay in."""
+    from dispatchtune.benchmarks.expert_order_lofo import training_mask
+
+    identities = np.array(["mm_a [tile 64]", "mm_a [tile 128]", "mm_b [tile 64]",
+                           "mm_a [tile 64]", "measured mm_a", "measured mm_c"])
+    tested = np.array([True, False, False, False, False, False])
+    assert training_mask(identities, tested).tolist() == [False, True, True, False, False, True]
+
+
+def test_lofo_reads_measured_gemms_as_dispatches_whose_fastest_are_positives(
+        tmp_path: Path) -> None:
+    """`--train-measured`: a measured GEMM becomes one dispatch of the candidates that ran, its
+    `top` fastest the positives, named for its problem so held-out folds can leave it out."""
+    from dispatchtune.benchmarks.expert_order_lofo import load_measured
+    from dispatchtune.benchmarks.measured_order import measured_rows, problem_of
+
+    measured = Path(__file__).resolve().parents[1] / "benchmarks" / "data" / "measured"
+    name = "square_gemm_2048_2048_2048_f8E4M3FNUZ_f32_tB.csv"
+    (tmp_path / "m").mkdir()
+    shutil.copy(measured / name, tmp_path / "m")
+    (entry,) = load_measured(tmp_path / "m", tmp_path / "cache", False, 3)
+    file, kind, table, features, mask, default, identity = entry
+    rows = measured_rows(measured / name)
+    ran = rows[rows["relative"].notna()]
+    assert (file, kind, identity) == (name, "contraction", f"measured {problem_of(Path(name)).key}")
+    assert len(table) == len(features) == len(ran) and mask.sum() == 3 and not default.any()
+    fastest = ran.nsmallest(3, "relative")
+    keys = ["intrinsic", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n"]
+    chosen = table.loc[mask, keys].astype({"intrinsic": str})
+    assert (sorted(map(tuple, chosen.to_numpy().tolist()))
+            == sorted(map(tuple, fastest[keys].to_numpy().tolist())))
 
 
 def test_lofo_command_reports_held_out_figures_once_per_repeat_and_saves(tmp_path: Path) -> None:

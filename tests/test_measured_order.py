@@ -16,6 +16,7 @@ from dispatchtune.benchmarks.measured_order import (
     BUDGETS,
     failed_builds,
     measured_rows,
+    model_file_scorer,
     problem_of,
     random_best_after,
 )
@@ -104,6 +105,24 @@ def test_measured_order_command_as_the_docs_show(tmp_path: Path) -> None:
     assert set(curves[1]) == {"model", "heuristic", "random", "tuner"}
     values = curves.iloc[:, 2:2 + len(BUDGETS)].astype(float).to_numpy()
     assert (values >= 1.0).all() and (np.diff(values, axis=1) <= 1e-9).all()  # never worse with k
+
+
+def test_a_model_file_ranks_as_the_installed_prior_does_when_it_is_that_prior(
+        tmp_path: Path) -> None:
+    """`--model FILE`: the installed gfx942 prior read from its file scores every candidate as the
+    installed default does (the option swaps the model, nothing else)."""
+    from dispatchtune.benchmarks.expert_order import TARGET, candidate_table, model_scores
+    from dispatchtune.costmodel.defaults import default_model_path
+    from dispatchtune.targets import get_target
+
+    problem = problem_of(F8)
+    table = candidate_table(problem, tmp_path, heuristic_filters=False)
+    target = get_target(TARGET)
+    path = default_model_path(TARGET)
+    assert path is not None
+    scores = model_file_scorer(path)(problem, table, target)
+    assert len(scores) == len(table) and np.unique(scores).size > 100
+    np.testing.assert_array_equal(scores, model_scores(problem, table, target))
 
 
 def test_measured_order_bad_input_is_one_line(tmp_path: Path) -> None:
