@@ -21,7 +21,8 @@ Usage:
       [--orders model,heuristic,random,shipped] [--files punet,flux] [--cache /tmp/expert_order_cache]
       [--no-heuristic-filters] [--target gfx950] [--model FILE]
 `--model FILE` ranks the `model` order with that model file instead of the installed prior (a
-candidate prior, before it is installed). Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
+candidate prior, before it is installed).
+Writes report.md (per file and per op kind), positions.csv and positions.png to the output dir.
 """
 
 from __future__ import annotations
