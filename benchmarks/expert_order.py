@@ -152,12 +152,18 @@ def _installed_model(target_name: str) -> CostModel:
     return model_for_target(target_name)[0]
 
 
-def _installed_scores(model_target: str, problem: Problem, table: pd.DataFrame,
-                      target: Target) -> np.ndarray:
+def _scores_of(model: CostModel, problem: Problem, table: pd.DataFrame,
+               target: Target) -> np.ndarray:
+    """`model`'s score of every candidate of `table`, featurised for `target`."""
     from dispatchtune.features import extract_features
 
     features = extract_features(problem, target, table)
-    return np.asarray(_installed_model(model_target).predict_candidates(features, table))
+    return np.asarray(model.predict_candidates(features, table))
+
+
+def _installed_scores(model_target: str, problem: Problem, table: pd.DataFrame,
+                      target: Target) -> np.ndarray:
+    return _scores_of(_installed_model(model_target), problem, table, target)
 
 
 def model_scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
@@ -180,15 +186,8 @@ SCORERS: dict[str, Scorer] = {
 def model_file_scorer(path: Path) -> Scorer:
     """A scorer ranking with the model file at `path` (loaded once)."""
     from dispatchtune.costmodel.modelfile import load_cost_model
-    from dispatchtune.features import extract_features
 
-    model = load_cost_model(path)
-
-    def scores(problem: Problem, table: pd.DataFrame, target: Target) -> np.ndarray:
-        features = extract_features(problem, target, table)
-        return np.asarray(model.predict_candidates(features, table))
-
-    return scores
+    return functools.partial(_scores_of, load_cost_model(path))
 
 
 def cache_stem(problem: Problem, target: str) -> str:

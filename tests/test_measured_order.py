@@ -16,7 +16,6 @@ from dispatchtune.benchmarks.measured_order import (
     BUDGETS,
     failed_builds,
     measured_rows,
-    model_file_scorer,
     problem_of,
     random_best_after,
 )
@@ -105,13 +104,35 @@ def test_measured_order_command_as_the_docs_show(tmp_path: Path) -> None:
     assert set(curves[1]) == {"model", "heuristic", "random", "tuner"}
     values = curves.iloc[:, 2:2 + len(BUDGETS)].astype(float).to_numpy()
     assert (values >= 1.0).all() and (np.diff(values, axis=1) <= 1e-9).all()  # never worse with k
+    # `--model FILE` as the docs show it: the installed prior's own file gives the same row.
+    installed = ROOT / "costmodel" / "models" / "gfx942.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/measured_order.py", str(data), "-o", str(tmp_path / "file"),
+         "--no-heuristic-filters", "--cache", str(tmp_path / "cache"), "--orders", "model",
+         "--model", str(installed)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    again = next(line for line in (tmp_path / "file" / "report.md").read_text().splitlines()
+                 if line.startswith(f"| {F8.name} | 2718 "))
+    assert [c.strip() for c in again.strip("|").split("|")][5] == cells[5]
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/measured_order.py", str(data), "-o", str(tmp_path / "x"),
+         "--model", str(tmp_path / "missing.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and "missing.json" in proc.stderr
 
 
 def test_a_model_file_ranks_as_the_installed_prior_does_when_it_is_that_prior(
         tmp_path: Path) -> None:
     """`--model FILE`: the installed gfx942 prior read from its file scores every candidate as the
     installed default does (the option swaps the model, nothing else)."""
-    from dispatchtune.benchmarks.expert_order import TARGET, candidate_table, model_scores
+    from dispatchtune.benchmarks.expert_order import (
+        TARGET,
+        candidate_table,
+        model_file_scorer,
+        model_scores,
+    )
     from dispatchtune.costmodel.defaults import default_model_path
     from dispatchtune.targets import get_target
 
