@@ -49,7 +49,7 @@ import itertools
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import numpy as np
 import pandas as pd
@@ -96,9 +96,21 @@ GRID = list(itertools.product([16, 32, 64, 128], [0, 32, 64, 128], [0, 2, 4, 8],
                               [0.0, 0.125, 0.25], [0, 1]))
 
 
-#: (file, kind, candidate table, features, expert mask, IREE-default mask, expert identity: its
-#: dispatch and configuration, shared by files that repeat an expert).
-Expert = tuple[str, str, pd.DataFrame, pd.DataFrame, np.ndarray, np.ndarray, str]
+#: The identity of a GEMM measured on a GPU (`load_measured`) is this and its problem key.
+MEASURED = "measured "
+
+
+class Expert(NamedTuple):
+    """One expert configuration (or one measured GEMM) inside its dispatch's space."""
+
+    file: str
+    kind: str  # the op kind: contraction, convolution, attention
+    table: pd.DataFrame  # the dispatch's candidates
+    features: pd.DataFrame  # their features
+    positives: np.ndarray  # rows of the expert configuration (a measured GEMM: its fastest)
+    iree_default: np.ndarray  # rows of IREE's default configuration
+    identity: str  # dispatch and configuration: equal in files that repeat an expert
+    problem_key: str  # the dispatch
 
 
 def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Expert]:
@@ -117,7 +129,8 @@ def load(specs: Path, cache: Path, heuristic_filters: bool = True) -> list[Exper
             features = extract_features(entry.problem, feature_target(entry.file), table)
             default = iree_default_mask(entry.problem, table, cache)[0]
             identity = f"{entry.problem.key} {sorted(columns.items())}"
-            out.append((entry.file, entry.problem.kind, table, features, mask, default, identity))
+            out.append(Expert(entry.file, entry.problem.kind, table, features, mask, default,
+                              identity, entry.problem.key))
     return out
 
 
@@ -143,18 +156,20 @@ def load_measured(directory: Path, cache: Path, heuristic_filters: bool, top: in
         mask = np.zeros(len(sub), dtype=bool)
         mask[np.argsort(times.to_numpy(), kind="stable")[:top]] = True
         features = extract_features(problem, feature_target(path.name), sub)
-        out.append((path.name, problem.kind, sub, features, mask, np.zeros(len(sub), bool),
-                    f"measured {problem.key}"))
+        out.append(Expert(path.name, problem.kind, sub, features, mask, np.zeros(len(sub), bool),
+                          MEASURED + problem.key, problem.key))
     return out
 
 
-def training_mask(identities: np.ndarray, tested: np.ndarray) -> np.ndarray:
+def training_mask(data: Sequence[Expert], tested: np.ndarray) -> np.ndarray:
     """What a fit may train on while the `tested` experts are held out: not them, not an expert
     another file repeats (same identity: dispatch and configuration), and not a measured GEMM of
     a held-out dispatch (`load_measured`: it would tell the fit what is fast there)."""
-    held_keys = {identity.split(" ")[0] for identity in identities[tested]}
+    identities = np.array([d.identity for d in data])
+    keys = np.array([d.problem_key for d in data])
+    measured = np.array([d.identity.startswith(MEASURED) for d in data])
     return (~tested & ~np.isin(identities, identities[tested])
-            & ~np.isin(identities, [f"measured {key}" for key in held_keys]))
+            & ~(measured & np.isin(keys, keys[tested])))
 
 
 def held_out_groups(names: Sequence[str], folds: int) -> list[list[str]]:
@@ -206,11 +221,11 @@ def prior_training_set(data: Sequence[Expert], weak: bool) -> tuple[pd.DataFrame
     """Features, labels (expert 1, IREE default 0.5 when `weak`, else 0) and groups of experts."""
     labels = []
     for i, d in enumerate(data):
-        y = np.where(d[4], POSITIVE, 0.0)
+        y = np.where(d.positives, POSITIVE, 0.0)
         if weak:
-            y = np.where(d[5] & ~d[4], WEAK_POSITIVE, y)
+            y = np.where(d.iree_default & ~d.positives, WEAK_POSITIVE, y)
         labels.append((y, np.full(len(y), i)))
-    features = pd.concat([d[3] for d in data], ignore_index=True)
+    features = pd.concat([d.features for d in data], ignore_index=True)
     return (features, np.concatenate([y for y, _ in labels]),
             np.concatenate([g for _, g in labels]))
 
@@ -221,7 +236,7 @@ def one_per_repeat(data: Sequence[Expert]) -> list[Expert]:
     and worse on the outside files, so the shipped prior trains on every copy."""
     first: dict[str, Expert] = {}
     for expert in data:
-        first.setdefault(expert[6], expert)
+        first.setdefault(expert.identity, expert)
     return list(first.values())
 
 
@@ -242,7 +257,7 @@ def fit_prior(data: Sequence[Expert], weak: bool, c: float, kind_terms: bool = F
     if collapse_repeats:
         data = one_per_repeat(data)
     features, labels, groups = prior_training_set(data, weak)
-    table = pd.concat([d[2] for d in data], ignore_index=True)
+    table = pd.concat([d.table for d in data], ignore_index=True)
     model = PairwiseModel(c=c, kind_terms=kind_terms, hard_negatives=hard_negatives,
                           listwise=listwise, pipeline_terms=pipeline_terms,
                           pipeline_rankers=PIPELINES if pipeline_rankers else (),
@@ -383,20 +398,21 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     if args.train_measured:
         data += load_measured(args.train_measured, args.cache, args.heuristic_filters,
                               args.measured_top)
-    files = np.array([d[0] for d in data])
-    kinds = np.array([d[1] for d in data])
-    identities = np.array([d[6] for d in data])
+    files = np.array([d.file for d in data])
+    kinds = np.array([d.kind for d in data])
+    identities = np.array([d.identity for d in data])
     names = ["heuristic", "pairwise", *priors] + (["grid"] if args.grid else [])
     fraction = {name: np.zeros(len(data)) for name in names}
-    for i, (_, _, _, f, mask, _, _) in enumerate(data):
-        fraction["heuristic"][i] = expected_position(HeuristicModel().predict(f), mask) / len(f)
-    grid = np.array([[expected_position(grid_score(d[3], *g), d[4]) / len(d[3]) for d in data]
-                     for g in GRID]) if args.grid else np.zeros((0, len(data)))
-    designs = [design(d[2], d[3]) for d in data]
+    for i, d in enumerate(data):
+        fraction["heuristic"][i] = (expected_position(HeuristicModel().predict(d.features),
+                                                      d.positives) / len(d.features))
+    grid = np.array([[expected_position(grid_score(d.features, *g), d.positives) / len(d.features)
+                      for d in data] for g in GRID]) if args.grid else np.zeros((0, len(data)))
+    designs = [design(d.table, d.features) for d in data]
     held_out_sets = held_out_groups(sorted(set(files[:reported].tolist())), args.folds)
     for held in held_out_sets:
         tested = np.isin(files, held) & (np.arange(len(data)) < reported)
-        train = training_mask(identities, tested)
+        train = training_mask(data, tested)
         if not train.any():
             raise InputError(f"holding out {', '.join(held)} leaves no expert configuration to "
                              "train on (the other files' experts, if any, are copies of its own)")
@@ -405,7 +421,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
             chosen = int(np.argmin(np.median(grid[:, train], axis=1)))
             fraction["grid"][tested] = grid[chosen, tested]
         w = pairwise_weights([z for z, t in zip(designs, train, strict=True) if t],
-                             [d[4] for d in training], args.c)
+                             [d.positives for d in training], args.c)
         hard, lw = args.hard_negatives, args.listwise
         models = {name: fit_prior(training, c=args.c, hard_negatives=hard, listwise=lw,
                                   tree_weight=args.tree_weight, diversity=args.diversity,
@@ -416,10 +432,10 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                   for name in priors}
         for j in np.flatnonzero(tested).tolist():
             scores = np.round(designs[j] @ w, 9)
-            fraction["pairwise"][j] = expected_position(scores, data[j][4]) / len(designs[j])
+            fraction["pairwise"][j] = expected_position(scores, data[j].positives) / len(designs[j])
             for name, model in models.items():
-                scores = model.predict_candidates(data[j][3], data[j][2])
-                fraction[name][j] = expected_position(scores, data[j][4]) / len(data[j][3])
+                scores = model.predict_candidates(data[j].features, data[j].table)
+                fraction[name][j] = expected_position(scores, data[j].positives) / len(data[j].features)
         print(f"held out {', '.join(held)}", file=sys.stderr)
     # The reports cover the held-out files; `--save`'s fit and its record cover every file.
     trained, trained_files = data, files
@@ -440,10 +456,10 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
     report = pd.DataFrame(rows)
     print(markdown(report))
     if args.per_expert:
-        pipelines = [str(d[2]["pipeline"].astype(str).to_numpy()[d[4]][0]) for d in data]
+        pipelines = [str(d.table["pipeline"].astype(str).to_numpy()[d.positives][0]) for d in data]
         pd.DataFrame({"file": files, "kind": kinds, "pipeline": pipelines,
                       "expert": identities, **fraction}).to_csv(args.per_expert, index=False)
-    defaults = sum(int(d[5].any()) for d in data)
+    defaults = sum(int(d.iree_default.any()) for d in data)
     print(f"\n{len(data)} experts in space; IREE's default found in {defaults} of their spaces",
           file=sys.stderr)
     if args.save:
@@ -481,7 +497,7 @@ def evaluate(args: argparse.Namespace, priors: Sequence[str], argv: Sequence[str
                               "seed": args.seed,
                               "spare_neighbours": args.spare_neighbours,
                               "iree_default_weak_positives":
-                                  sum(int(d[5].any()) for d in trained) if weak else 0,
+                                  sum(int(d.iree_default.any()) for d in trained) if weak else 0,
                               "heuristic_filters": args.heuristic_filters},
             "leave_one_file_out" if all(len(g) == 1 for g in held_out_sets)
             else f"held_out_in_{len(held_out_sets)}_file_folds": held_out,

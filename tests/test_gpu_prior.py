@@ -726,23 +726,28 @@ def test_lofo_collapse_repeats_keeps_the_first_copy_of_each_repeated_expert() ->
     mask, default = labels > 0, np.zeros(len(labels), bool)
 
     def expert(file: str, identity: str) -> Expert:
-        return (file, "contraction", table, features, mask, default, identity)
+        return Expert(file, "contraction", table, features, mask, default, identity, "mm")
 
     data = [expert("a.mlir", "x"), expert("a.mlir", "y"), expert("b.mlir", "x"),
             expert("c.mlir", "z"), expert("c.mlir", "y")]
     kept = one_per_repeat(data)
-    assert [(e[0], e[6]) for e in kept] == [("a.mlir", "x"), ("a.mlir", "y"), ("c.mlir", "z")]
+    assert ([(e.file, e.identity) for e in kept]
+            == [("a.mlir", "x"), ("a.mlir", "y"), ("c.mlir", "z")])
 
 
 def test_lofo_holds_out_repeats_and_measured_gemms_of_held_out_dispatches() -> None:
     """A fit holding experts out trains on neither them, nor another file's copy of them, nor a
     GEMM measured on the GPU for one of their dispatches; other measured GEMMs stay in."""
-    from dispatchtune.benchmarks.expert_order_lofo import training_mask
+    from dispatchtune.benchmarks.expert_order_lofo import MEASURED, Expert, training_mask
 
-    identities = np.array(["mm_a [tile 64]", "mm_a [tile 128]", "mm_b [tile 64]",
-                           "mm_a [tile 64]", "measured mm_a", "measured mm_c"])
+    empty, none = pd.DataFrame(), np.zeros(0, bool)
+    data = [Expert(file, "contraction", empty, empty, none, none, identity, key)
+            for file, identity, key in [
+                ("a.mlir", "mm_a [tile 64]", "mm_a"), ("a.mlir", "mm_a [tile 128]", "mm_a"),
+                ("a.mlir", "mm_b [tile 64]", "mm_b"), ("b.mlir", "mm_a [tile 64]", "mm_a"),
+                ("mm_a.csv", MEASURED + "mm_a", "mm_a"), ("mm_c.csv", MEASURED + "mm_c", "mm_c")]]
     tested = np.array([True, False, False, False, False, False])
-    assert training_mask(identities, tested).tolist() == [False, True, True, False, False, True]
+    assert training_mask(data, tested).tolist() == [False, True, True, False, False, True]
 
 
 def test_lofo_reads_measured_gemms_as_dispatches_whose_fastest_are_positives(
@@ -757,10 +762,11 @@ def test_lofo_reads_measured_gemms_as_dispatches_whose_fastest_are_positives(
     (tmp_path / "m").mkdir()
     shutil.copy(measured / name, tmp_path / "m")
     (entry,) = load_measured(tmp_path / "m", tmp_path / "cache", False, 3)
-    file, kind, table, features, mask, default, identity = entry
+    file, kind, table, features, mask, default, identity, key = entry
     rows = measured_rows(measured / name)
     ran = rows[rows["relative"].notna()]
-    assert (file, kind, identity) == (name, "contraction", f"measured {problem_of(Path(name)).key}")
+    assert key == problem_of(Path(name)).key
+    assert (file, kind, identity) == (name, "contraction", f"measured {key}")
     assert len(table) == len(features) == len(ran) and mask.sum() == 3 and not default.any()
     fastest = ran.nsmallest(3, "relative")
     keys = ["intrinsic", "tile_m", "tile_n", "tile_k", "subgroups_m", "subgroups_n"]
