@@ -17,6 +17,7 @@ from dispatchtune.cli.options import (
     progress_of,
 )
 from dispatchtune.errors import InputError
+from dispatchtune.evaluation.harness import SPLITS
 
 
 def register(subparsers: Any) -> None:
@@ -41,9 +42,10 @@ def register(subparsers: Any) -> None:
                help="seeds per ordering (tie-breaks, random, online, tpe; default %(default)s)")
     add_number(parser, "--max-benchmarks", kind=int, valid=AT_LEAST_1, default=1000,
                help="replay at most this many benchmarks per run (default %(default)s)")
-    parser.add_argument("--split", choices=("problem", "device"), default="problem",
-                        help="what learned models leave out: the scored problem (default) or "
-                        "its whole device")
+    parser.add_argument("--split", choices=SPLITS, default="problem",
+                        help="what learned models leave out: the scored space (problem, the "
+                        "default), also its workload measured on other devices (workload), or "
+                        "its whole device (device)")
     parser.add_argument("--no-progress", action="store_true",
                         help="no progress output (default: a bar on a terminal, else one line "
                         "per space and order)")

@@ -64,6 +64,14 @@ class MeasuredSpace:
     def n(self) -> int:
         return len(self.times)
 
+    @property
+    def workload(self) -> str:
+        """What the space computes, the same on every device: a log's problem key; a cache's
+        label without its device (kernel and problem size)."""
+        if isinstance(self.problem, Problem):
+            return self.problem.key
+        return self.label.removeprefix(self.device).strip()
+
 
 def classify_inputs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
     """Split inputs into results.jsonl files and Kernel Tuner caches (one-line error otherwise)."""

@@ -13,7 +13,8 @@ Orders:
   Kernel Tuner's convolution, the knob heuristic: power-of-two sizes first);
 - `knobs`: the knob heuristic (power-of-two size knobs first) on every space;
 - `rf`, `gbm`, `lambdarank`: learned models trained without the space they are scored on
-  (leave-one-problem-out; `split="device"` also leaves out the space's whole device);
+  (leave-one-problem-out; `split="workload"` also leaves out the same workload measured on
+  other devices, `split="device"` the space's whole device);
 - `online`: `search.online.OnlineSearch` from a portfolio of priors (gbm when other spaces can
   train it, a forest over the raw knobs of the same kernel's other spaces, the handwritten and
   knob heuristics), each weighed by how well it predicts the run's own results; a learned prior
@@ -48,6 +49,8 @@ logger = logging.getLogger(__name__)
 #: The orderings the harness replays (not the tuner's `--order` choices, `tuner.loop.TUNE_ORDERS`).
 EVALUATION_ORDERS = ("random", "heuristic", "knobs", "rf", "gbm", "lambdarank", "online", "tpe")
 LEARNED = ("rf", "gbm", "lambdarank")
+#: What a learned model scoring a space leaves out of its training (`_Models.sources`).
+SPLITS = ("problem", "workload", "device")
 STOCHASTIC = ("random", "online", "tpe")
 COLUMNS = (
     "problem", "device", "order", "seed", "n_candidates", "n_good", "benchmarks_to_threshold",
@@ -78,6 +81,7 @@ class ReplaySpace:
     times: np.ndarray
     knobs: pd.DataFrame
     features: pd.DataFrame | None
+    workload: str = ""  # what it computes on any device (`MeasuredSpace.workload`)
 
     @property
     def n(self) -> int:
@@ -93,7 +97,7 @@ def load_replay_spaces(paths: Sequence[str | Path]) -> list[ReplaySpace]:
     the feature vocabulary covers it."""
     return [
         ReplaySpace(s.label, s.device, s.source, s.times, s.knobs,
-                    space_features(s) if has_features(s) else None)
+                    space_features(s) if has_features(s) else None, s.workload)
         for s in load_spaces(paths)
     ]
 
@@ -123,7 +127,8 @@ class _Models:
         with all of `held_out`'s knobs, those of the same architecture only where there
         are any (a weaker teacher is not mixed in with a closer one)."""
         others = [s for s in self.all_spaces if s.problem != held_out.problem
-                  and not (self.split == "device" and s.device == held_out.device)]
+                  and not (self.split == "device" and s.device == held_out.device)
+                  and not (self.split == "workload" and s.workload == held_out.workload)]
         if kind != "transfer":
             return [s for s in others if s.features is not None]
         names = set(held_out.knobs.columns)
@@ -312,6 +317,8 @@ def replay_spaces(
         raise InputError(f"unknown order {unknown[0]!r}; choose from {', '.join(EVALUATION_ORDERS)}")
     if threshold <= 0:
         raise InputError("--threshold must be > 0")
+    if split not in SPLITS:
+        raise InputError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
     models = _Models(spaces, split)
     rows = []
     jobs = [(s, o) for s in spaces for o in orders if only is None or s.problem in only]

@@ -130,6 +130,26 @@ def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead(
     np.testing.assert_allclose(others["transfer"], transferred)
 
 
+def test_the_workload_split_leaves_the_same_workload_on_other_devices_out() -> None:
+    """`--split workload`: a space's learned models train neither on it nor on its workload
+    measured on another device (two GPUs' pnpoly; an AVX2 and an AVX-512 log of one matmul);
+    `problem` keeps those, `device` drops the whole device; an unknown split is one error."""
+    pnpoly = load_replay_spaces([FIXTURES / "kt_pnpoly_titan_slice.json.gz",
+                                 FIXTURES / "kt_pnpoly_2080ti_slice.json.gz",
+                                 FIXTURES / "kt_conv_a4000_slice.json.gz"])
+    titan, ti, conv = pnpoly
+    assert titan.workload == ti.workload != conv.workload and titan.device not in titan.workload
+    key = json.loads((FIXTURES / "cpu_results_matmul_256x384x256.jsonl").read_text()
+                     .splitlines()[0])["problem_key"]
+    (log,) = load_replay_spaces([FIXTURES / "cpu_results_matmul_256x384x256.jsonl"])
+    assert log.workload == key
+    spaces = [titan, ti, conv]
+    assert _Models(spaces, "problem").sources("transfer", titan) == [ti]
+    assert _Models(spaces, "workload").sources("transfer", titan) == []
+    with pytest.raises(InputError, match="unknown split 'shape'"):
+        replay_spaces(spaces, ["knobs"], range(1), split="shape", progress=False)
+
+
 @pytest.mark.parametrize(("a", "b", "same"), [
     ("NVIDIA RTX A4000", "NVIDIA RTX A6000", True),  # both Ampere
     ("NVIDIA A100-SXM4-80GB", "NVIDIA RTX A4000", True),
