@@ -108,6 +108,8 @@ def run(args: argparse.Namespace) -> int:
 
     scheme = ("leave one problem out" if args.folds <= 0 or args.folds >= len(data.problems)
               else f"{args.folds} folds of whole problems")
+    if len(set(data.workloads.values())) < len(data.workloads):
+        scheme += ", a workload measured on several devices held out on all of them"
     cv = pd.DataFrame()
     if not args.no_cv and len(data.problems) >= 2:
         cv = cross_validate(data, args.model_kind, args.folds, args.threshold, args.seed, args.n_jobs,

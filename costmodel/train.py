@@ -7,8 +7,10 @@ measured space (a (problem, target, CPU) of a log, a cache) is one *problem*; la
 normalised per problem (`costmodel.learned`).
 
 Cross-validation holds whole problems out (leave-one-problem-out, or `--folds K` groups of
-problems): the model is trained on the other problems and judged on the held-out ones by the
-benchmarks it needs until the first candidate within 5% of the best (exact expectation over ties,
+problems; a workload measured on several devices, say one matmul on an AVX2 and an AVX-512 CPU,
+is held out on all of them at once): the model is trained on the other problems and judged on
+the held-out ones by the benchmarks it needs until the first candidate within 5% of the best
+(exact expectation over ties,
 `expected_benchmarks_with_ties`), next to the exact random expectation (N+1)/(k+1) and the
 handwritten heuristic on the same rows. Then the model is trained on everything and saved
 (`costmodel.modelfile`) with the report in its metadata; the report is printed and written to
@@ -56,6 +58,8 @@ class TrainingData:
     times: np.ndarray  # ms, > 0
     groups: np.ndarray  # problem label of each row
     sources: dict[str, str] = field(default_factory=dict)  # problem label -> where it came from
+    #: problem label -> its workload (`MeasuredSpace.workload`; absent: the label itself)
+    workloads: dict[str, str] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[str]:
@@ -63,7 +67,15 @@ class TrainingData:
 
     def subset(self, mask: np.ndarray) -> TrainingData:
         return TrainingData(self.features[mask].reset_index(drop=True), self.times[mask],
-                            self.groups[mask], self.sources)
+                            self.groups[mask], self.sources, self.workloads)
+
+    def held_out_sets(self, folds: int, seed: int) -> list[list[str]]:
+        """The problems each cross-validation fit leaves out: `problem_folds` over workloads,
+        each workload's problems (one per device it was measured on) together."""
+        workload = {p: self.workloads.get(p, p) for p in self.problems}
+        names = list(dict.fromkeys(workload.values()))
+        return [[p for p in self.problems if workload[p] in chosen]
+                for chosen in map(set, problem_folds(names, folds, seed))]
 
     def summary(self) -> dict[str, Any]:
         counts = pd.Series(self.groups).value_counts(sort=False)
@@ -102,6 +114,7 @@ def load_training_data(
         times=np.concatenate([s.times for s in spaces]),
         groups=np.concatenate([np.full(s.n, s.label, dtype=object) for s in spaces]),
         sources={s.label: s.source for s in spaces},
+        workloads={s.label: s.workload for s in spaces},
     )
 
 
@@ -162,7 +175,7 @@ def cross_validate(
 ) -> pd.DataFrame:
     """One row per held-out problem: N, k, random/heuristic/model benchmarks, top-k, pairwise."""
     rows = []
-    splits = problem_folds(data.problems, folds, seed)
+    splits = data.held_out_sets(folds, seed)
     for held_out in tqdm(splits, desc=f"cross-validating {kind}", disable=not progress):
         test = np.isin(data.groups, held_out)
         train = data.subset(~test)

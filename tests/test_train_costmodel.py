@@ -117,6 +117,29 @@ def test_metrics_helpers() -> None:
     assert problem_folds(["a", "b"], 0, seed=0) == [["a"], ["b"]]
 
 
+def test_cross_validation_holds_a_workload_out_on_every_device_it_was_measured_on(
+        tmp_path: Path) -> None:
+    """One matmul logged on two CPUs is two problems but one workload: a fit that scores it on
+    one CPU never trains on it measured on the other; `--folds` deals workloads, not problems."""
+    from dispatchtune.costmodel.train import cross_validate, load_training_data
+
+    lines = CPU_MATMUL.read_text().splitlines()
+    logs = []
+    for cpu in ("x86-64-v3", "x86-64-v4"):
+        logs.append(tmp_path / f"{cpu}.jsonl")
+        logs[-1].write_text("".join(json.dumps({**json.loads(line), "target_cpu": cpu}) + "\n"
+                                    for line in lines))
+    data = load_training_data([*logs, CPU_CONV])
+    matmuls = [p for p in data.problems if "256x384x256" in p]
+    conv = [p for p in data.problems if p not in matmuls]
+    assert len(matmuls) == 2 and len(conv) == 1
+    assert data.workloads[matmuls[0]] == data.workloads[matmuls[1]]
+    assert sorted(map(sorted, data.held_out_sets(0, seed=0))) == sorted([sorted(matmuls), conv])
+    assert sorted(map(len, data.held_out_sets(2, seed=0))) == [1, 2]
+    cv = cross_validate(data, "gbm")
+    assert sorted(cv["problem"]) == sorted(data.problems)  # every problem scored once
+
+
 def test_a_log_is_featurised_for_the_cpu_it_was_measured_on(tmp_path: Path) -> None:
     from dispatchtune.datasets.spaces import load_spaces
     from dispatchtune.features.spaces import space_features
