@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--dataset", nargs="+", required=True, metavar="PATH", type=path_or_dataset,
                         help="Kernel Tuner caches (.json/.json.gz), results.jsonl(.gz) files or dirs, "
-                             "shipped:cpu_host (the shipped CPU dataset)")
+                             "shipped:NAME (the shipped CPU datasets: cpu_host, AVX-512; cpu_avx2)")
     parser.add_argument("--orders", default="random,heuristic,gbm,online",
                         help="comma-separated: random,heuristic,rf,gbm,lambdarank,online,tpe "
                         "(default %(default)s)")

@@ -211,8 +211,9 @@ def add_cost_model(parser: argparse.ArgumentParser, orders: Sequence[str], order
     """`--order` and `--cost-model FILE` (a model file implies `--order model`)."""
     parser.add_argument(
         "--order", choices=tuple(orders), default=None,
-        help=f"{order_help}; default: model on a GPU target that ships a model (gfx942 and the "
-        "other CDNA GPUs: a prior learned from expert-tuned specs), else heuristic",
+        help=f"{order_help}; default: model on a target that ships a model (the CPU: trained on "
+        "measured AVX-512 and AVX2 spaces; gfx942 and the other CDNA GPUs: a prior learned from "
+        "expert-tuned specs), else heuristic",
     )
     parser.add_argument(
         "--cost-model", type=absolute_path, metavar="FILE", dest="cost_model",

@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("inputs", nargs="+", metavar="LOGS_OR_DATASETS", type=path_or_dataset,
                         help="results.jsonl(.gz) files, tune output dirs (or dirs of them), "
-                        "Kernel Tuner caches (.json/.json.gz), shipped:cpu_host (the shipped CPU "
-                        "dataset)")
+                        "Kernel Tuner caches (.json/.json.gz), shipped:NAME (the shipped CPU "
+                        "datasets: cpu_host, AVX-512; cpu_avx2)")
     # The model *kind*; the file written is --output.
     parser.add_argument("--model", dest="model_kind", metavar="KIND", choices=tuple(MODELS),
                         default="gbm", help=f"one of {', '.join(MODELS)} (default %(default)s)")

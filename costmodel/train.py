@@ -11,10 +11,10 @@ problems; a workload measured on several devices, say one matmul on an AVX2 and 
 is held out on all of them at once): the model is trained on the other problems and judged on
 the held-out ones by the benchmarks it needs until the first candidate within 5% of the best
 (exact expectation over ties, `expected_benchmarks_with_ties`), next to the exact random
-expectation (N+1)/(k+1) and the handwritten heuristic on the same rows. Then the model is trained on everything and saved
-(`costmodel.modelfile`) with the report in its metadata; the report is printed and written to
-`<output stem>.report.md` with a plot `<output stem>.report.png` (for `--output m.json`:
-`m.report.md`, `m.report.png`).
+expectation (N+1)/(k+1) and the handwritten heuristic on the same rows. Then the model is
+trained on everything and saved (`costmodel.modelfile`) with the report in its metadata; the
+report is printed and written to `<output stem>.report.md` with a plot `<output stem>.report.png`
+(for `--output m.json`: `m.report.md`, `m.report.png`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ SHIPPED = {
     "cpu_host": ("cpu_host.jsonl.gz",
                  "28 dispatches of BERT/Llama/ViT/ResNet/UNet, 150 random candidates each, "
                  "llvm-cpu on a 2-core x86 VM (card: cpu_host.md)"),
+    "cpu_avx2": ("cpu_avx2.jsonl.gz",
+                 "the same 28 dispatches, 100 random candidates each, llvm-cpu on a 2-core "
+                 "AVX2 VM (card: cpu_avx2.md)"),
 }
 
 

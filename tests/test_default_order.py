@@ -1,5 +1,5 @@
 """The order used when none is asked for, the same from the CLI, `tune()` and `rank()`: the
-installed model on a GPU target that ships one (gfx942), the heuristic elsewhere."""
+installed model on a target that ships one (the CPU, gfx942), the heuristic elsewhere."""
 
 from __future__ import annotations
 
@@ -19,11 +19,12 @@ SMALL = Problem.matmul(256, 256, 512, "f16")
 
 def test_the_default_order_follows_the_target() -> None:
     assert default_order("gfx942") == default_order("mi300x") == "model"  # mi300x is a gfx942
-    assert default_order("host") == "heuristic"
+    assert default_order("host") == default_order("llvm-cpu:znver4") == "model"
     assert default_order("gfx1100") == "heuristic"  # a GPU without a shipped model
-    assert default_order("host", "my_model.json") == "model"
+    assert default_order("gfx1100", "my_model.json") == "model"
     assert TuneOptions().for_target("gfx942").order == "model"
-    assert TuneOptions().for_target("host").order == "heuristic"
+    assert TuneOptions().for_target("host").order == "model"
+    assert TuneOptions().for_target("gfx1100").order == "heuristic"
     assert TuneOptions(order="random").for_target("gfx942").order == "random"
 
 

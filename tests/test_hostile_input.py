@@ -223,7 +223,7 @@ def test_storage_needs_the_online_order(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "tune", str(SMALL_MATMUL), "-o", "out", "--storage", "sqlite:///s.db",
                    *QUICK_TUNE)
     assert done.returncode == 2
-    one_error_line(done, "--storage", "needs --order online", "not --order heuristic")
+    one_error_line(done, "--storage", "needs --order online", "not --order model")
     assert not (tmp_path / "out").exists() and not (tmp_path / "s.db").exists()
 
 

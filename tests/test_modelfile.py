@@ -137,10 +137,11 @@ def test_loading_never_touches_lightgbm(saved: dict[str, Path]) -> None:
 
 
 def test_installed_host_model_is_format_2_and_cpu_only() -> None:
+    """The host model is trained on both shipped CPU datasets (AVX-512 and AVX2)."""
     document = json.loads(HOST_MODEL.read_text())
     assert document["format"] == FORMAT and document["model_type"] == "gbm"
-    assert document["metadata"]["command"] == (
-        "train-costmodel shipped:cpu_host --model gbm -o costmodel/models/host.json")
+    assert document["metadata"]["command"] == ("train-costmodel shipped:cpu_host shipped:cpu_avx2 "
+                                               "--model gbm -o costmodel/models/host.json")
     model = load_model(HOST_MODEL)
     assert model.metadata["target_kinds"] == ["cpu"] and model.trees is not None
     assert model.trees.n_trees == model.params["num_boost_round"] == 100

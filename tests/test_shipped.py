@@ -19,20 +19,27 @@ from dispatchtune.errors import InputError
 FIXTURE = Path(__file__).parent / "fixtures" / "tuner_matmul_f32_128.mlir"
 
 
-def test_cpu_dataset_meets_the_collection_spec() -> None:
-    path = shipped_path("cpu_host")
+@pytest.mark.parametrize(("name", "candidates", "cpu"), [
+    ("cpu_host", 150, "znver4"),  # AVX-512
+    ("cpu_avx2", 100, "znver3"),  # AVX2
+])
+def test_cpu_dataset_meets_the_collection_spec(name: str, candidates: int, cpu: str) -> None:
+    path = shipped_path(name)
     assert path.stat().st_size < 20e6
-    assert (path.parent / "cpu_host.md").is_file()  # the card
+    assert (path.parent / f"{name}.md").is_file()  # the card
     by_problem: dict[str, dict[str, list[list[float]]]] = {}
+    cpus = set()
     for record in read_records(path):
         kinds = by_problem.setdefault(record["problem_key"], {"candidate": [], "baseline": []})
         if record["kind"] in kinds and record.get("bench_status") == "ok":
             kinds[record["kind"]].append(record["times_ms"])
+        cpus.add(record.get("target_cpu"))
+    assert cpus == {cpu}
     assert len(by_problem) >= 24
     kinds_of_op = {key.split("_")[0] for key in by_problem}
     assert kinds_of_op == {"contraction", "convolution"}
     for key, kinds in by_problem.items():
-        assert len(kinds["candidate"]) >= 150, key
+        assert len(kinds["candidate"]) >= candidates, key
         assert kinds["baseline"], key  # the default config is measured too
         assert min(len(t) for t in kinds["candidate"]) >= 3, key
 
@@ -40,7 +47,7 @@ def test_cpu_dataset_meets_the_collection_spec() -> None:
 def test_shipped_names_resolve_and_unknown_ones_are_one_line_errors(tmp_path: Path) -> None:
     assert resolve("shipped:cpu_host") == shipped_path("cpu_host")
     assert resolve(tmp_path) == tmp_path
-    assert set(SHIPPED) == {"cpu_host"}
+    assert set(SHIPPED) == {"cpu_host", "cpu_avx2"}
     with pytest.raises(InputError, match="no shipped dataset 'nope'"):
         resolve("shipped:nope")
     data = load_training_data(["shipped:cpu_host"])

@@ -29,7 +29,7 @@ class TuneOptions:
 
     budget: int = 20  # candidates benchmarked per dispatch (failures and duplicates are free)
     # heuristic | random | model (learned) | online (learns during the run); "": the target's
-    # default (`costmodel.defaults.default_order`: model on a GPU target that ships one)
+    # default (`costmodel.defaults.default_order`: model on a target that ships one)
     order: str = ""
     model_path: str | None = None  # learned model file for model/online (default: installed one)
     # Online search: Optuna storage URL (default: sqlite file study.db in the output directory),
