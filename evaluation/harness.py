@@ -81,7 +81,7 @@ class ReplaySpace:
     times: np.ndarray
     knobs: pd.DataFrame
     features: pd.DataFrame | None
-    workload: str = ""  # what it computes on any device (`MeasuredSpace.workload`)
+    workload: str  # what it computes on any device (`MeasuredSpace.workload`)
 
     @property
     def n(self) -> int:
