@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv is not None:
         output_file(args.csv, "--csv", "ranked.csv")
     target = get_target(args.target)
+    knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     order = order_of(args)
     model = None
     if order == "model":
@@ -86,7 +87,6 @@ def run(args: argparse.Namespace) -> int:
 
         if isinstance(model, HeuristicModel):
             order = "heuristic"  # no model for this target: the headers say what ranks
-    knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     tables = []
     # A model repeats problems (every layer's projections): each is ranked once, as `tune` tunes it.
     loaded = load_problems(args.file, target)
