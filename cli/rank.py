@@ -27,7 +27,7 @@ from dispatchtune.costmodel.rank import ORDERS
 from dispatchtune.errors import InputError, skip_dispatch_on_error
 
 if TYPE_CHECKING:  # pandas and numpy load on first use: `dispatchtune --help` stays fast
-    pass
+    from dispatchtune.costmodel.base import CostModel
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ def run(args: argparse.Namespace) -> int:
     target = get_target(args.target)
     knobs = extra_knobs(args, target)  # a flag the target cannot take: one line, up front
     order = order_of(args)
-    model = None
+    model: CostModel | None = None
+    where = ""  # the model's origin, said once something is ranked
     if order == "model":
         from dispatchtune.costmodel.defaults import model_for_target
 
         model, where = model_for_target(target.name, args.cost_model)
-        print(f"ranking with the {where}", file=sys.stderr)
         from dispatchtune.costmodel.heuristic import HeuristicModel
 
         if isinstance(model, HeuristicModel):
@@ -103,6 +103,9 @@ def run(args: argparse.Namespace) -> int:
             ranked = rank(cset, order=order, seed=args.seed, model=model)
         if problem.key in skipped:
             continue
+        if where and not tables:
+            # Said once something is ranked: input nothing can be ranked from stays one line.
+            print(f"ranking with the {where}", file=sys.stderr)
         if args.json:
             head = ranked if args.limit is None else ranked.head(args.limit)
             write_json_lines(cset, head, problem.key, sys.stdout)

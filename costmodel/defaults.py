@@ -2,10 +2,9 @@
 
 Default models ship in `costmodel/models/` (package data), one per target name: `host.json`
 (trained on the two shipped CPU datasets, AVX-512 and AVX2, `datasets/data/`; see their cards) and
-`gfx942.json` (a
-pairwise GPU prior trained on expert tuning specs; docs/gpu_order.md). An AMD CDNA GPU without a
-model of its own (gfx908, gfx90a, gfx950: wave64 with MFMA intrinsics) takes gfx942's. A target
-without a default model is ranked by the handwritten heuristic.
+`gfx942.json` (a pairwise GPU prior trained on expert tuning specs; docs/gpu_order.md). An AMD
+CDNA GPU without a model of its own (gfx908, gfx90a, gfx950: wave64 with MFMA intrinsics) takes
+gfx942's. A target without a default model is ranked by the handwritten heuristic.
 """
 
 from __future__ import annotations
