@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
         if isinstance(model, HeuristicModel):
             order = "heuristic"  # no model for this target: the headers say what ranks
-    tables = []
+    tables: list[pd.DataFrame] = []
     # A model repeats problems (every layer's projections): each is ranked once, as `tune` tunes it.
     loaded = load_problems(args.file, target)
     dispatches = Counter(p.key for p in loaded)
