@@ -132,8 +132,9 @@ def test_a_model_learnt_on_another_architecture_is_an_opinion_not_the_lead(
 
 def test_the_workload_split_leaves_the_same_workload_on_other_devices_out() -> None:
     """`--split workload`: a space's learned models train neither on it nor on its workload
-    measured on another device (two GPUs' pnpoly; an AVX2 and an AVX-512 log of one matmul);
-    `problem` keeps those, `device` drops the whole device; an unknown split is one error."""
+    measured on another device (two GPUs' pnpoly; a log's workload is its problem key, the same
+    on every CPU); `problem` and `device` keep another device's copy; an unknown split is one
+    error."""
     pnpoly = load_replay_spaces([FIXTURES / "kt_pnpoly_titan_slice.json.gz",
                                  FIXTURES / "kt_pnpoly_2080ti_slice.json.gz",
                                  FIXTURES / "kt_conv_a4000_slice.json.gz"])
@@ -145,6 +146,7 @@ def test_the_workload_split_leaves_the_same_workload_on_other_devices_out() -> N
     assert log.workload == key
     spaces = [titan, ti, conv]
     assert _Models(spaces, "problem").sources("transfer", titan) == [ti]
+    assert _Models(spaces, "device").sources("transfer", titan) == [ti]
     assert _Models(spaces, "workload").sources("transfer", titan) == []
     with pytest.raises(InputError, match="unknown split 'shape'"):
         replay_spaces(spaces, ["knobs"], range(1), split="shape", progress=False)
